@@ -1,0 +1,178 @@
+"""Device facts, read once per device: the one module that knows how big a core is.
+
+Every launch plan is sized from three numbers: the Ascend vector-core count and Unified
+Buffer (UB) bytes, and the CUDA SM count. They are read here and nowhere else.
+
+Ascend facts are resolved in this order (the first that answers wins):
+
+1. the device, when an NPU is present: ``num_vectorcore`` from triton-ascend's driver
+   properties and ``UB_SIZE`` from CANN's platform spec;
+2. the environment: ``VLLM_ASCEND_EXT_VECTOR_CORES`` and ``VLLM_ASCEND_EXT_UB_BYTES``
+   (for planning or lowering for an NPU that is not attached, as CI does);
+3. the per-SoC default table below, for the SoC named by ``VLLM_ASCEND_EXT_SOC`` (default
+   ``Ascend910B3``, the target the CPU lowering check uses).
+
+The CUDA SM count comes from the device, else ``VLLM_ASCEND_EXT_NUM_SMS``, else the H200's
+132 (the GPU this project measures on; used when the CUDA plan is emulated on the CPU). A value
+that cannot be resolved raises ``RuntimeError`` naming the variable that would supply it.
+
+Nothing here imports ``torch_npu`` or CANN modules unless an NPU is actually in use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ASCEND_SOC_DEFAULTS",
+    "AscendFacts",
+    "CudaFacts",
+    "ascend_facts",
+    "backend_of",
+    "cuda_facts",
+]
+
+ENV_SOC = "VLLM_ASCEND_EXT_SOC"
+ENV_UB_BYTES = "VLLM_ASCEND_EXT_UB_BYTES"
+ENV_VECTOR_CORES = "VLLM_ASCEND_EXT_VECTOR_CORES"
+ENV_NUM_SMS = "VLLM_ASCEND_EXT_NUM_SMS"
+
+DEFAULT_SOC = "Ascend910B3"
+#: SMs of the NVIDIA H200 SXM, the lent GPU every CUDA figure in docs/perf-notes.md comes from.
+DEFAULT_NUM_SMS = 132
+
+#: Per-SoC defaults: (vector cores, UB bytes per vector core). From CANN's platform
+#: description files (``platform_config/<soc>.ini``: ``vector_core_cnt`` and ``ub_size``).
+#: Atlas A2 (910B) and A3 (910C, per die) vector cores carry 192 KiB of UB each.
+ASCEND_SOC_DEFAULTS: dict[str, tuple[int, int]] = {
+    "Ascend910B1": (48, 192 * 1024),
+    "Ascend910B2": (48, 192 * 1024),
+    "Ascend910B2C": (48, 192 * 1024),
+    "Ascend910B3": (40, 192 * 1024),
+    "Ascend910B4": (40, 192 * 1024),
+    "Ascend910_9391": (48, 192 * 1024),
+    "Ascend910_9392": (48, 192 * 1024),
+}
+
+
+@dataclass(frozen=True)
+class AscendFacts:
+    """What an Ascend launch plan needs to know about one NPU (or the NPU it targets)."""
+
+    soc: str
+    num_vector_cores: int
+    ub_bytes: int
+    source: str  # "device", "env" or "default": where the numbers came from
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """What a CUDA launch plan needs to know about one GPU."""
+
+    name: str
+    num_sms: int
+    source: str
+
+
+def backend_of(device: torch.device | str) -> str:
+    """Name the plan family for ``device``: ``"ascend"``, ``"cuda"`` or ``"cpu"``."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "cuda"
+    if kind in ("npu", "privateuseone"):
+        return "ascend"
+    return "cpu"
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw, 0)
+    except ValueError:
+        raise RuntimeError(f"{name}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise RuntimeError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def _npu_facts(index: int) -> AscendFacts:  # pragma: no cover - needs an NPU and CANN
+    import torch_npu  # noqa: F401  (registers the npu device)
+    import triton.runtime.driver as driver
+
+    props = driver.active.utils.get_device_properties(index)
+    cores = int(props["num_vectorcore"])
+    soc = torch.npu.get_device_name(index)
+    ub = _env_int(ENV_UB_BYTES)
+    if ub is None:
+        try:
+            from tbe.common.platform import get_soc_spec
+
+            ub = int(get_soc_spec("UB_SIZE"))
+        except ImportError:
+            ub = ASCEND_SOC_DEFAULTS.get(soc, (0, 0))[1] or None
+    if ub is None:
+        raise RuntimeError(
+            f"cannot read the UB size of {soc}: CANN's tbe.common.platform is not importable "
+            f"and {soc} has no default; set {ENV_UB_BYTES}"
+        )
+    return AscendFacts(soc=soc, num_vector_cores=cores, ub_bytes=ub, source="device")
+
+
+@functools.lru_cache(maxsize=None)
+def ascend_facts(index: int | None = None) -> AscendFacts:
+    """Vector cores and UB bytes of NPU ``index``, or of the targeted SoC when none is present.
+
+    Parameters
+    ----------
+    index : int or None
+        NPU index. ``None`` means no NPU is in use (CPU interpreter, planning, lowering):
+        the numbers come from the environment or the per-SoC default table.
+
+    Returns
+    -------
+    AscendFacts
+        Cached: each device is read once per process.
+
+    Raises
+    ------
+    RuntimeError
+        When a number cannot be resolved; the message names the variable that supplies it.
+    """
+    if index is not None:
+        return _npu_facts(index)
+    soc = os.environ.get(ENV_SOC) or DEFAULT_SOC
+    cores, ub = _env_int(ENV_VECTOR_CORES), _env_int(ENV_UB_BYTES)
+    source = "env" if cores is not None or ub is not None else "default"
+    if cores is None or ub is None:
+        if soc not in ASCEND_SOC_DEFAULTS:
+            missing = ENV_VECTOR_CORES if cores is None else ENV_UB_BYTES
+            raise RuntimeError(
+                f"unknown Ascend SoC {soc!r} (known: {', '.join(sorted(ASCEND_SOC_DEFAULTS))}); "
+                f"set {missing} or {ENV_SOC}"
+            )
+        default_cores, default_ub = ASCEND_SOC_DEFAULTS[soc]
+        cores = cores if cores is not None else default_cores
+        ub = ub if ub is not None else default_ub
+    return AscendFacts(soc=soc, num_vector_cores=cores, ub_bytes=ub, source=source)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_facts(index: int | None = None) -> CudaFacts:
+    """SM count of CUDA device ``index``.
+
+    ``None`` means no GPU is in use (the CUDA plan emulated on the CPU): the count comes from
+    ``VLLM_ASCEND_EXT_NUM_SMS``, else :data:`DEFAULT_NUM_SMS`.
+    """
+    if index is not None:
+        props = torch.cuda.get_device_properties(index)
+        return CudaFacts(name=props.name, num_sms=props.multi_processor_count, source="device")
+    sms = _env_int(ENV_NUM_SMS)
+    if sms is None:
+        return CudaFacts(name="NVIDIA H200 (default)", num_sms=DEFAULT_NUM_SMS, source="default")
+    return CudaFacts(name="(env)", num_sms=sms, source="env")

@@ -1,0 +1,171 @@
+"""Attention geometries of real models: the one table tests, the lowering check and the benchmark use.
+
+Each entry is the q/k/v prologue of one model's attention layers as published in its Hugging
+Face ``config.json`` (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, the rotary
+fraction and style, whether q/k are RMS-normalised and how). :meth:`ModelSpec.shard` gives the
+geometry one rank sees at a tensor-parallel size: q heads split evenly, kv heads split while
+there are enough, replicated (one per rank) after that, as vLLM does.
+
+No other module hard-codes a head count or head size: ask this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BENCH_GEOMETRIES",
+    "MODELS",
+    "TP_SIZES",
+    "AttentionGeometry",
+    "ModelSpec",
+    "geometry_table",
+    "model",
+]
+
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """One attention layer's prologue as one rank sees it.
+
+    Attributes
+    ----------
+    num_q_heads, num_kv_heads, head_dim : int
+        Heads of q and of k (= of v) on this rank, and the head size D.
+    rotary_dim : int
+        R: RoPE rotates dims ``[0, R)`` of each head; the rest pass through.
+    is_neox : bool
+        NeoX (rotate halves) or GPT-J (rotate adjacent pairs).
+    qk_norm : bool
+        Whether q and k are RMS-normalised per head before RoPE.
+    weight_offset : float
+        The norm multiplies by ``weight_offset + w`` (1.0 for Gemma-style norms).
+    eps : float
+        RMSNorm epsilon.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    is_neox: bool = True
+    qk_norm: bool = True
+    weight_offset: float = 0.0
+    eps: float = 1e-6
+
+    @property
+    def qkv_width(self) -> int:
+        """Columns of the fused qkv projection output: ``(Hq + 2*Hkv) * D``."""
+        return (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    @property
+    def label(self) -> str:
+        """Short name such as ``32/8/128`` or ``32/2/128 R64 gptj``."""
+        text = f"{self.num_q_heads}/{self.num_kv_heads}/{self.head_dim}"
+        if self.rotary_dim != self.head_dim:
+            text += f" R{self.rotary_dim}"
+        if not self.is_neox:
+            text += " gptj"
+        if not self.qk_norm:
+            text += " nonorm"
+        if self.weight_offset:
+            text += f" w+{self.weight_offset:g}"
+        return text
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's attention prologue before sharding (whole-model head counts)."""
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    is_neox: bool = True
+    qk_norm: bool = True
+    weight_offset: float = 0.0
+    eps: float = 1e-6
+    note: str = ""
+
+    def shard(self, tp: int) -> AttentionGeometry:
+        """The geometry one rank sees at tensor-parallel size ``tp``.
+
+        Raises
+        ------
+        ValueError
+            If ``tp`` does not divide the q heads, or the kv heads cannot be split or
+            replicated evenly across ``tp`` ranks.
+        """
+        if tp < 1 or self.num_q_heads % tp:
+            raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_q_heads} q heads")
+        if self.num_kv_heads >= tp:
+            if self.num_kv_heads % tp:
+                raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} kv heads")
+            kv = self.num_kv_heads // tp
+        else:
+            if tp % self.num_kv_heads:
+                raise ValueError(f"{self.name}'s {self.num_kv_heads} kv heads cannot be replicated over tp={tp}")
+            kv = 1
+        return AttentionGeometry(
+            num_q_heads=self.num_q_heads // tp,
+            num_kv_heads=kv,
+            head_dim=self.head_dim,
+            rotary_dim=self.rotary_dim,
+            is_neox=self.is_neox,
+            qk_norm=self.qk_norm,
+            weight_offset=self.weight_offset,
+            eps=self.eps,
+        )
+
+
+MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec("Qwen3-8B", 32, 8, 128, 128, note="Qwen3 dense (also 4B); q/k RMSNorm"),
+    ModelSpec("Qwen3-32B", 64, 8, 128, 128, note="Qwen3 dense, largest"),
+    ModelSpec("Qwen3-30B-A3B", 32, 4, 128, 128, note="Qwen3 MoE"),
+    ModelSpec("Qwen3-235B-A22B", 64, 4, 128, 128, note="Qwen3 MoE, largest"),
+    ModelSpec("Llama-3.1-8B", 32, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
+    ModelSpec("Llama-3.1-70B", 64, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
+    ModelSpec(
+        "GLM-4-9B", 32, 2, 128, 64, is_neox=False, qk_norm=False, eps=1.5625e-7,
+        note="partial_rotary_factor 0.5, interleaved (GPT-J) rotary, no q/k norm",
+    ),
+    ModelSpec(
+        "Gemma-3-12B", 16, 8, 256, 256, weight_offset=1.0,
+        note="D=256, q/k norm multiplies by (1 + w)",
+    ),
+    ModelSpec(
+        "Qwen3-Next-80B-A3B", 16, 2, 256, 64, weight_offset=1.0,
+        note="full-attention layers: D=256, partial rotary 0.25, (1 + w) q/k norm",
+    ),
+    ModelSpec(
+        "MiMo-V2-Flash-qk", 64, 4, 192, 64, eps=1e-5,
+        note="D=192 with partial rotary (q/k geometry of MiMo-V2-Flash's full-attention "
+        "layers; its V is 128 wide there, here V is D wide as the fused layout requires)",
+    ),
+    ModelSpec("Phi-3-mini", 32, 32, 96, 96, qk_norm=False, eps=1e-5, note="D=96, MHA"),
+    ModelSpec("Phi-2", 32, 32, 80, 32, qk_norm=False, eps=1e-5, note="D=80, partial rotary 0.4"),
+)
+
+#: (model, tp) of the benchmark's four geometries: 32/8/128, 64/4/128, 8/1/128, 16/2/256.
+BENCH_GEOMETRIES: tuple[tuple[str, int], ...] = (
+    ("Qwen3-8B", 1),
+    ("Qwen3-235B-A22B", 1),
+    ("Qwen3-32B", 8),
+    ("Qwen3-Next-80B-A3B", 1),
+)
+
+
+def model(name: str) -> ModelSpec:
+    """The table entry called ``name`` (``ValueError`` listing the names when unknown)."""
+    for spec in MODELS:
+        if spec.name == name:
+            return spec
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(m.name for m in MODELS)}")
+
+
+def geometry_table(tp_sizes: tuple[int, ...] = TP_SIZES) -> list[tuple[str, int, AttentionGeometry]]:
+    """Every ``(model name, tp, geometry)`` of the table at the given TP sizes."""
+    return [(spec.name, tp, spec.shard(tp)) for spec in MODELS for tp in tp_sizes]

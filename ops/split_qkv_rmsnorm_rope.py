@@ -1,0 +1,344 @@
+"""Fused split-QKV + per-head q/k RMSNorm + rotary embedding: the attention prologue in one pass.
+
+Layout
+------
+``qkv`` is ``[T, (Hq + 2*Hkv) * D]`` with a contiguous last dim and any row stride (a view of a
+wider projection output is fine). Columns ``[0, Hq*D)`` hold q's heads, ``[Hq*D, (Hq+Hkv)*D)``
+k's, the rest v's. q and k heads are adjacent, so the kernel sees one run of ``H = Hq + Hkv``
+heads: head ``h < Hq`` is q head ``h``, otherwise k head ``h - Hq``. v is never read or written.
+
+Math (per token ``t`` and head ``h``, in fp32, one rounding to the output dtype at the end)
+------------------------------------------------------------------------------------------
+::
+
+    x = qkv[t, h*D:(h+1)*D]
+    y = x * rsqrt(mean(x**2) + eps) * (weight_offset + w) + bias     # when that tensor has a weight
+    p = clamp(positions[t], 0, max_position - 1)                       # never read outside the cache
+    c, s = cache[p, :R/2], cache[p, R/2:R]
+    for each rotary pair (i_a, i_b) -- NeoX: (i, i + R/2); GPT-J: (2i, 2i + 1), i < R/2:
+        (y[i_a], y[i_b]) = (y[i_a]*c[i] - y[i_b]*s[i], y[i_b]*c[i] + y[i_a]*s[i])
+    dims >= R pass through
+
+Tiling
+------
+A tile is ``BLOCK_T`` tokens x ``BLOCK_H`` heads of one tensor: q's heads are cut into blocks,
+then k's, and no block holds both, so every mask is a plain bound and every access a strided
+block (triton-ascend lowers such masks to sub-views; a mask mixing q and k heads made it
+read-modify-write the whole output block, racing with the neighbouring rows). Each head is held
+as its two rotary halves ``a``, ``b`` (``[BLOCK_T, BLOCK_H, HALF_PAD]``: element ``i`` of ``a``
+and of ``b`` form pair ``i``) plus the pass-through tail ``[BLOCK_T, BLOCK_H, PASS_PAD]``, so
+the rotation is element-wise math on two tiles. Programs walk the tiles grid-stride (head block
+fastest, so neighbours share cos/sin rows); the number of tiles is computed from the token
+count at run time, so one compiled kernel serves every batch size. The tile shape and the grid
+come from the backend's launch plan (``ops/tiling``), never from this file.
+
+The cos/sin rows of a tile are gathered with one 2-D load addressed by positions that were
+themselves loaded as a vector: no scalar is ever read back out of a tile that is still being
+filled (upstream race #16674), and no sparse gather is interleaved with the rotation math.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .tiling import KernelShape, plan_for
+
+__all__ = ["split_qkv_rmsnorm_rope"]
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_POSITION_DTYPES = (torch.int32, torch.int64)
+MAX_HEAD_DIM = 512
+
+
+@triton.jit
+def _load_affine(ptr, offs, mask, offset, ON: tl.constexpr, DEFAULT: tl.constexpr):
+    """``offset + ptr[offs]`` in fp32 when the tensor is present, else the constant ``DEFAULT``."""
+    if ON:
+        vec = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32) + offset
+    else:
+        vec = tl.zeros(offs.shape, dtype=tl.float32) + DEFAULT
+    return vec
+
+
+@triton.jit
+def _affine(x, rstd, w, b, BIAS: tl.constexpr):
+    """``x * rstd * w (+ b)`` on a ``[BLOCK_T, BLOCK_H, N]`` slice; ``rstd`` per row, ``w``/``b`` per dim."""
+    x = x * rstd[:, :, None] * w[None, None, :]
+    if BIAS:
+        x = x + b[None, None, :]
+    return x
+
+
+@triton.jit
+def _head_block(
+    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin,
+    w_a, w_b, w_p, b_a, b_b, b_p, eps,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    PASS: tl.constexpr, PASS_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
+    NORM: tl.constexpr, BIAS: tl.constexpr,
+):
+    """Normalise and rotate one block of heads of one tensor (q or k): load, math, store.
+
+    ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
+    heads of this tensor only, so every mask is a plain bound and every access a strided block.
+    """
+    i = tl.arange(0, HALF_PAD)
+    if IS_NEOX:
+        ia = i
+        ib = i + HALF
+    else:
+        ia = 2 * i
+        ib = 2 * i + 1
+    jp = 2 * HALF + tl.arange(0, PASS_PAD)
+    row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
+    ab_ok = row_ok & (i < HALF)[None, None, :]
+    p_ok = row_ok & (jp < HEAD_DIM)[None, None, :]
+    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+    dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+
+    a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+    b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+    if PASS > 0:
+        p = tl.load(src + jp[None, None, :], mask=p_ok, other=0.0).to(tl.float32)
+    if NORM:
+        sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
+        if PASS > 0:
+            sum_sq += tl.sum(p * p, axis=2)
+        rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
+        a = _affine(a, rstd, w_a, b_a, BIAS)
+        b = _affine(b, rstd, w_b, b_b, BIAS)
+        if PASS > 0:
+            p = _affine(p, rstd, w_p, b_p, BIAS)
+
+    out_ty = out_ptr.dtype.element_ty
+    tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
+    tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
+    if PASS > 0:
+        tl.store(dst + jp[None, None, :], p.to(out_ty), mask=p_ok)
+
+
+@triton.jit(do_not_specialize=["num_tokens", "max_position"])
+def _split_qkv_rmsnorm_rope_kernel(
+    qkv_ptr, q_out_ptr, k_out_ptr,
+    q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
+    cache_ptr, pos_ptr,
+    num_tokens, max_position,
+    qkv_stride, q_out_stride, k_out_stride, cache_stride, pos_stride,
+    eps, weight_offset,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr, PASS_PAD: tl.constexpr,
+    IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+    Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # Head blocks never straddle q and k: q's come first, then k's.
+    Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_H - 1) // BLOCK_H
+    HEAD_BLOCKS: tl.constexpr = Q_BLOCKS + (NUM_KV_HEADS + BLOCK_H - 1) // BLOCK_H
+    num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
+
+    # Weights and biases, loaded once per program (offset folded in), split like the heads.
+    i = tl.arange(0, HALF_PAD)
+    i_ok = i < HALF
+    if IS_NEOX:
+        ia = i
+        ib = i + HALF
+    else:
+        ia = 2 * i
+        ib = 2 * i + 1
+    jp = 2 * HALF + tl.arange(0, PASS_PAD)
+    j_ok = jp < HEAD_DIM
+    qw_a = _load_affine(q_w_ptr, ia, i_ok, weight_offset, Q_NORM, 1.0)
+    qw_b = _load_affine(q_w_ptr, ib, i_ok, weight_offset, Q_NORM, 1.0)
+    qw_p = _load_affine(q_w_ptr, jp, j_ok, weight_offset, Q_NORM and PASS > 0, 1.0)
+    kw_a = _load_affine(k_w_ptr, ia, i_ok, weight_offset, K_NORM, 1.0)
+    kw_b = _load_affine(k_w_ptr, ib, i_ok, weight_offset, K_NORM, 1.0)
+    kw_p = _load_affine(k_w_ptr, jp, j_ok, weight_offset, K_NORM and PASS > 0, 1.0)
+    qb_a = _load_affine(q_b_ptr, ia, i_ok, 0.0, Q_BIAS, 0.0)
+    qb_b = _load_affine(q_b_ptr, ib, i_ok, 0.0, Q_BIAS, 0.0)
+    qb_p = _load_affine(q_b_ptr, jp, j_ok, 0.0, Q_BIAS and PASS > 0, 0.0)
+    kb_a = _load_affine(k_b_ptr, ia, i_ok, 0.0, K_BIAS, 0.0)
+    kb_b = _load_affine(k_b_ptr, ib, i_ok, 0.0, K_BIAS, 0.0)
+    kb_p = _load_affine(k_b_ptr, jp, j_ok, 0.0, K_BIAS and PASS > 0, 0.0)
+
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        head_block = tile % HEAD_BLOCKS
+        tok = (tile // HEAD_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tok_ok = tok < num_tokens
+        tok64 = tok.to(tl.int64)
+
+        # Positions as a vector, clamped into the cache; then the cos/sin rows as one 2-D block.
+        pos = tl.load(pos_ptr + tok64 * pos_stride, mask=tok_ok, other=0)
+        pos = tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64)
+        cs_off = (pos * cache_stride)[:, None] + i[None, :]
+        cs_ok = tok_ok[:, None] & i_ok[None, :]
+        cos = tl.load(cache_ptr + cs_off, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
+        sin = tl.load(cache_ptr + cs_off + HALF, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
+
+        if head_block < Q_BLOCKS:
+            head = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+            _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, head, NUM_Q_HEADS, qkv_stride,
+                        q_out_stride, cos, sin, qw_a, qw_b, qw_p, qb_a, qb_b, qb_p, eps,
+                        HEAD_DIM, HALF, HALF_PAD, PASS, PASS_PAD, IS_NEOX, Q_NORM, Q_BIAS)
+        else:
+            head = (head_block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, head,
+                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin,
+                        kw_a, kw_b, kw_p, kb_a, kb_b, kb_p, eps,
+                        HEAD_DIM, HALF, HALF_PAD, PASS, PASS_PAD, IS_NEOX, K_NORM, K_BIAS)
+
+
+def _check_vector(name, tensor, length, device):
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor or None, got {type(tensor).__name__}")
+    if tensor.dim() != 1 or tensor.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {list(tensor.shape)}")
+    if tensor.dtype not in _DTYPES:
+        raise ValueError(f"{name} must be bf16, fp16 or fp32, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, qkv on {device}")
+    if tensor.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                head_dim, eps, q_bias, k_bias, weight_offset):
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {head_dim}")
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2:
+        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads + 2*num_kv_heads) * head_dim]")
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    if qkv.shape[1] != width:
+        raise ValueError(f"qkv has {qkv.shape[1]} columns; num_q_heads={num_q_heads}, "
+                         f"num_kv_heads={num_kv_heads}, head_dim={head_dim} need {width}")
+    if qkv.dtype not in _DTYPES:
+        raise ValueError(f"qkv must be bf16, fp16 or fp32, got {qkv.dtype}")
+    if qkv.stride(1) != 1 or (qkv.shape[0] > 1 and qkv.stride(0) < width):
+        raise ValueError("qkv must have a contiguous last dim and a row stride of at least its width")
+    device = qkv.device
+    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if weight is not None:
+            _check_vector(name, weight, head_dim, device)
+    for name, bias, weight in (("q_bias", q_bias, q_weight), ("k_bias", k_bias, k_weight)):
+        if bias is not None:
+            if weight is None:
+                raise ValueError(f"{name} is only allowed together with a weight")
+            _check_vector(name, bias, head_dim, device)
+    cache = cos_sin_cache
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 2 or cache.shape[0] < 1:
+        raise ValueError("cos_sin_cache must be a 2-D tensor [max_position, rotary_dim]")
+    rotary_dim = cache.shape[1]
+    if rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
+        raise ValueError(f"cos_sin_cache's rotary_dim must be even and in [2, head_dim={head_dim}], "
+                         f"got {rotary_dim}")
+    if cache.dtype not in _DTYPES:
+        raise ValueError(f"cos_sin_cache must be fp32, bf16 or fp16, got {cache.dtype}")
+    if cache.stride(1) != 1:
+        raise ValueError("cos_sin_cache must have a contiguous last dim")
+    if cache.device != device:
+        raise ValueError(f"cos_sin_cache is on {cache.device}, qkv on {device}")
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
+        raise ValueError("positions must be a 1-D tensor [T]")
+    if positions.shape[0] != qkv.shape[0]:
+        raise ValueError(f"positions has {positions.shape[0]} entries, qkv has {qkv.shape[0]} tokens")
+    if positions.dtype not in _POSITION_DTYPES:
+        raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
+    if positions.device != device:
+        raise ValueError(f"positions is on {positions.device}, qkv on {device}")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
+    if not isinstance(weight_offset, (int, float)) or not math.isfinite(weight_offset):
+        raise ValueError(f"weight_offset must be a finite float, got {weight_offset!r}")
+    return rotary_dim
+
+
+def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
+                           num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+                           is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
+                           inplace=False):
+    """Split a fused qkv projection, RMS-normalise q and k per head, apply rotary embedding.
+
+    Parameters
+    ----------
+    qkv : torch.Tensor
+        ``[T, (Hq + 2*Hkv) * D]``, bf16, fp16 or fp32; last dim contiguous, row stride may be
+        larger than the width (a view).
+    q_weight, k_weight : torch.Tensor or None
+        ``[D]`` RMSNorm weights (bf16, fp16 or fp32), or ``None``: that tensor is not
+        normalised (split + RoPE only).
+    cos_sin_cache : torch.Tensor
+        ``[max_position, R]``, fp32, bf16 or fp16; row ``p`` is ``cos`` (``R/2`` values) then
+        ``sin`` (``R/2`` values). ``R`` is even with ``2 <= R <= D``.
+    positions : torch.Tensor
+        ``[T]`` int32 or int64. Values outside ``[0, max_position)`` are clamped into it.
+    num_q_heads, num_kv_heads, head_dim : int
+        ``Hq``, ``Hkv`` (>= 1) and the even head size ``D <= 512``.
+    eps : float
+        RMSNorm epsilon.
+    is_neox : bool
+        ``True``: rotate the halves of the first ``R`` dims; ``False``: GPT-J, rotate adjacent
+        pairs.
+    q_bias, k_bias : torch.Tensor or None
+        ``[D]``, added after the weight; only allowed with that tensor's weight.
+    weight_offset : float
+        The norm multiplies by ``weight_offset + weight`` (1.0 for Gemma-style norms).
+    inplace : bool
+        ``True``: q and k are written into ``qkv`` and returned as views of it.
+
+    Returns
+    -------
+    q : torch.Tensor
+        ``[T, Hq*D]`` in qkv's dtype (a view of ``qkv`` when ``inplace``).
+    k : torch.Tensor
+        ``[T, Hkv*D]`` in qkv's dtype (a view of ``qkv`` when ``inplace``).
+    v : torch.Tensor
+        ``[T, Hkv*D]``, always a view of ``qkv``; never read, written or copied.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument; the message names it.
+    """
+    rotary_dim = _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
+                             num_kv_heads, head_dim, eps, q_bias, k_bias, weight_offset)
+    num_tokens = qkv.shape[0]
+    q_cols, kv_cols = num_q_heads * head_dim, num_kv_heads * head_dim
+    v = qkv[:, q_cols + kv_cols:]
+    if inplace:
+        q, k = qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
+    else:
+        q = qkv.new_empty((num_tokens, q_cols))
+        k = qkv.new_empty((num_tokens, kv_cols))
+    if num_tokens == 0:
+        return q, k, v
+
+    shape = KernelShape(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                        rotary_dim=rotary_dim, elem_bytes=qkv.element_size(),
+                        cache_bytes=cos_sin_cache.element_size(), is_neox=bool(is_neox))
+    plan = plan_for(qkv.device, shape)
+    _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
+        qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k,
+        q_w_ptr=qkv if q_weight is None else q_weight,
+        k_w_ptr=qkv if k_weight is None else k_weight,
+        q_b_ptr=qkv if q_bias is None else q_bias,
+        k_b_ptr=qkv if k_bias is None else k_bias,
+        cache_ptr=cos_sin_cache, pos_ptr=positions,
+        num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
+        qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0),
+        cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(0),
+        eps=float(eps), weight_offset=float(weight_offset),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim, PASS_PAD=shape.pass_pad,
+        IS_NEOX=bool(is_neox), Q_NORM=q_weight is not None, K_NORM=k_weight is not None,
+        Q_BIAS=q_bias is not None, K_BIAS=k_bias is not None,
+        BLOCK_T=plan.block_tokens, BLOCK_H=plan.block_heads,
+        **plan.launch_options,
+    )
+    return q, k, v

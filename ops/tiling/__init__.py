@@ -1,0 +1,153 @@
+"""Launch plans: every launch knob of every backend, computed by pure functions.
+
+``ascend.py`` sizes tiles for the Unified Buffer and a grid of vector cores, ``cuda.py`` for
+SMs. Both return frozen plan dataclasses with the same launch-facing surface
+(``block_tokens``, ``block_heads``, ``max_programs``, ``launch_options``, :meth:`grid`), so the
+op file only asks for a plan and launches it.
+
+:func:`plan_for` picks the family from the tensor's device: CUDA -> CUDA plan, NPU -> Ascend
+plan, CPU (the Triton interpreter) -> the Ascend plan for the default SoC, since the CPU is where
+Ascend behaviour is emulated. :func:`forced` overrides the choice (tests, tuning sweeps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .. import device as _device
+
+__all__ = ["KernelShape", "PlanBase", "block_heads_for", "forced", "next_pow2", "plan_for", "prev_pow2"]
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def prev_pow2(n: int) -> int:
+    """Largest power of two <= ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n.bit_length() - 1)
+
+
+def block_heads_for(shape: KernelShape, cap: int, max_waste: float) -> int:
+    """Heads per tile: the largest power of two <= ``cap`` whose padding stays within ``max_waste``.
+
+    q's heads and k's are covered separately in blocks of a power of two (a block never holds
+    both), the last block of each padded. ``max_waste`` bounds padded heads / real heads: 64 q +
+    4 k heads in blocks of 16 pad to 64 + 16 (1.18), in blocks of 4 to 68 (1.0). Falls back to
+    1 head, which never pads.
+    """
+    block = min(next_pow2(max(shape.num_q_heads, shape.num_kv_heads)), cap)
+    while block > 1 and shape.head_blocks(block) * block / shape.num_heads > max_waste:
+        block //= 2
+    return block
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What a plan depends on: the geometry of one layer on one rank, and element sizes."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    elem_bytes: int  # qkv / output element size
+    cache_bytes: int  # cos_sin_cache element size
+    is_neox: bool = True
+
+    @property
+    def num_heads(self) -> int:
+        """q and k heads together: the heads the kernel touches."""
+        return self.num_q_heads + self.num_kv_heads
+
+    def head_blocks(self, block_heads: int) -> int:
+        """Blocks of ``block_heads`` covering q's heads, then k's (a block holds one tensor's)."""
+        return -(-self.num_q_heads // block_heads) + -(-self.num_kv_heads // block_heads)
+
+    @property
+    def half(self) -> int:
+        """Rotary pairs per head, ``R/2``."""
+        return self.rotary_dim // 2
+
+    @property
+    def half_pad(self) -> int:
+        """``R/2`` padded to a power of two (Triton block dims must be)."""
+        return next_pow2(self.half)
+
+    @property
+    def pass_dim(self) -> int:
+        """Dims past the rotary part, ``D - R``."""
+        return self.head_dim - self.rotary_dim
+
+    @property
+    def pass_pad(self) -> int:
+        """``D - R`` padded to a power of two (1 when there are none)."""
+        return next_pow2(self.pass_dim)
+
+    @property
+    def padded_head_dim(self) -> int:
+        """Elements a head occupies in a tile: two rotary halves plus the tail, all padded."""
+        return 2 * self.half_pad + (self.pass_pad if self.pass_dim else 0)
+
+
+@dataclass(frozen=True)
+class PlanBase:
+    """What every backend's plan gives the launcher."""
+
+    block_tokens: int
+    block_heads: int
+    max_programs: int
+
+    @property
+    def launch_options(self) -> dict:
+        """Backend-specific keyword arguments of the launch (``num_warps`` ...)."""
+        return {}
+
+    def num_tiles(self, shape: KernelShape, num_tokens: int) -> int:
+        """Tiles of ``block_tokens`` x ``block_heads`` covering ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_tokens) * shape.head_blocks(self.block_heads)
+
+    def grid(self, shape: KernelShape, num_tokens: int) -> int:
+        """Programs to launch: one per tile, at most ``max_programs`` (they loop grid-stride)."""
+        return max(1, min(self.num_tiles(shape, num_tokens), self.max_programs))
+
+
+_forced_backend: str | None = None
+_forced_plan: PlanBase | None = None
+
+
+@contextlib.contextmanager
+def forced(backend: str | None = None, plan: PlanBase | None = None):
+    """Within the block, plan with ``backend`` (``"ascend"`` or ``"cuda"``) or use ``plan``.
+
+    For tests (the CUDA plan's tile boundaries through the CPU interpreter) and tuning sweeps.
+    """
+    global _forced_backend, _forced_plan
+    if backend not in (None, "ascend", "cuda"):
+        raise ValueError(f"backend must be 'ascend' or 'cuda', got {backend!r}")
+    saved = _forced_backend, _forced_plan
+    _forced_backend, _forced_plan = backend, plan
+    try:
+        yield
+    finally:
+        _forced_backend, _forced_plan = saved
+
+
+def plan_for(device: torch.device, shape: KernelShape) -> PlanBase:
+    """The launch plan for ``shape`` on ``device`` (plans are cached pure functions of facts)."""
+    from . import ascend, cuda
+
+    if _forced_plan is not None:
+        return _forced_plan
+    native = _device.backend_of(device)
+    family = _forced_backend or ("cuda" if native == "cuda" else "ascend")
+    if family == "cuda":
+        index = None
+        if native == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        return cuda.plan(shape, _device.cuda_facts(index))
+    index = (device.index or 0) if native == "ascend" else None
+    return ascend.plan(shape, _device.ascend_facts(index))

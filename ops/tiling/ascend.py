@@ -1,0 +1,137 @@
+"""Ascend launch plans: tiles sized for the Unified Buffer, a grid of vector cores.
+
+The UB model (:func:`ub_buffers`) lists every buffer a tile keeps live on a vector core, by name
+and bytes; ``docs/ascend-ub-model.md`` explains each and ``python -m
+vllm_ascend_ext.ops.ascend_lowering`` checks it against what triton-ascend's lowering allocates.
+The plan does not depend on the token count: one compiled kernel per layer geometry.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from . import KernelShape, PlanBase, block_heads_for
+from ..device import AscendFacts
+
+__all__ = ["AscendPlan", "UbBuffer", "plan", "ub_buffers"]
+
+#: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
+#: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
+#: tile's math and the previous tile's copy-out: each such buffer exists twice.
+MULTIBUFFER = 2
+#: UB kept out of the model for the compiler's own scratch (reduction temporaries, index
+#: vectors, alignment padding): 1/8 of the 192 KiB UB of A2/A3.
+UB_RESERVE_FRACTION = 0.125
+#: Heads per tile at most, and how much head padding is tolerated (see block_heads_for).
+MAX_BLOCK_HEADS = 64
+MAX_HEAD_WASTE = 1.125
+#: Tokens per tile at most: beyond 64 the per-tile fixed cost (one cos/sin gather of BLOCK_T
+#: rows, loop control) is amortised, and larger tiles only idle cores at medium token counts.
+MAX_BLOCK_TOKENS = 64
+#: Tokens per tile at least: with BLOCK_T = 1 the token axis of every block is a size-1 dim
+#: that triton-ascend 3.2's pointer analysis rejects ("AddPtrOp produced by unsupported
+#: operation", seen lowering 32/32/96), so heads per tile shrink before tokens drop to 1.
+MIN_BLOCK_TOKENS = 2
+FP32 = 4
+POSITION_BYTES = 8
+MASK_BYTES = 1
+#: The kernel handles a q block and a k block in the two arms of one branch; the linalg output
+#: allocates each arm's tile buffers separately, and whether bishengir later folds exclusive
+#: arms into one buffer is not visible without CANN, so the model counts both.
+BRANCHES = 2
+
+
+@dataclass(frozen=True)
+class UbBuffer:
+    """One buffer a tile keeps live in the UB.
+
+    ``source`` is ``"gm"`` for copies from global memory (what triton-ascend's linalg output
+    allocates explicitly, ``memref.alloc``), ``"multibuffer"`` for their second copy, and
+    ``"vector"`` for values computed in the UB (bufferized later, by bishengir).
+    """
+
+    name: str
+    nbytes: int
+    source: str
+
+
+@dataclass(frozen=True)
+class AscendPlan(PlanBase):
+    """An Ascend launch: grid = vector cores, tiles that fit the UB by :func:`ub_buffers`."""
+
+    ub_buffers: tuple[UbBuffer, ...]
+    ub_capacity: int
+
+    @property
+    def ub_bytes(self) -> int:
+        """Bytes the model says a tile keeps live."""
+        return sum(buf.nbytes for buf in self.ub_buffers)
+
+    def ub_bytes_from(self, source: str) -> int:
+        """Bytes of the buffers of one ``source`` kind."""
+        return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
+
+
+def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple[UbBuffer, ...]:
+    """The UB a tile of ``block_tokens`` x ``block_heads`` keeps live, buffer by buffer.
+
+    A head occupies ``shape.padded_head_dim`` elements (two rotary halves and the tail, each
+    padded to a power of two). ``docs/ascend-ub-model.md`` gives the reason for every line.
+    """
+    rows = block_tokens * block_heads
+    head = shape.padded_head_dim
+    rot = 2 * shape.half_pad
+    # NeoX halves are two disjoint blocks of the row; GPT-J's interleaved halves are each read
+    # as a whole row and de-interleaved in the UB (seen in the lowering), so the row twice.
+    qkv_reads = 1 if shape.is_neox else 2
+    gm = (
+        UbBuffer("qkv tile (q arm + k arm)", BRANCHES * qkv_reads * rows * head * shape.elem_bytes, "gm"),
+        UbBuffer("cos/sin rows", block_tokens * rot * shape.cache_bytes, "gm"),
+        UbBuffer("positions", block_tokens * POSITION_BYTES, "gm"),
+        # q and k weight and bias, loaded once per program; fp32 is the widest they come in.
+        UbBuffer("weights + biases", 4 * head * FP32, "gm"),
+    )
+    second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer")
+                   for buf in gm[:3] for _ in range(MULTIBUFFER - 1))
+    vector = (
+        UbBuffer("x fp32", rows * head * FP32, "vector"),
+        UbBuffer("normalised / rotated fp32", rows * head * FP32, "vector"),
+        UbBuffer("out tile (dtype, multibuffered)", MULTIBUFFER * rows * head * shape.elem_bytes, "vector"),
+        UbBuffer("cos/sin fp32", block_tokens * rot * FP32, "vector"),
+        UbBuffer("sum of squares, rstd", 2 * rows * FP32, "vector"),
+        UbBuffer("masks", rows * head * MASK_BYTES, "vector"),
+    )
+    return gm + second + vector
+
+
+@functools.lru_cache(maxsize=None)
+def plan(shape: KernelShape, facts: AscendFacts) -> AscendPlan:
+    """The Ascend plan for one layer geometry on one NPU (pure: same inputs, same plan).
+
+    Heads per tile first (as many as pad little), then the most tokens per tile whose buffers
+    fit the UB less the reserve; if not even ``MIN_BLOCK_TOKENS`` fit, fewer heads.
+
+    Raises
+    ------
+    ValueError
+        If not even ``MIN_BLOCK_TOKENS`` tokens of one head fit the UB.
+    """
+    budget = int(facts.ub_bytes * (1 - UB_RESERVE_FRACTION))
+    block_heads = block_heads_for(shape, MAX_BLOCK_HEADS, MAX_HEAD_WASTE)
+
+    def fits(tokens: int, heads: int) -> bool:
+        return sum(buf.nbytes for buf in ub_buffers(shape, tokens, heads)) <= budget
+
+    while block_heads > 1 and not fits(MIN_BLOCK_TOKENS, block_heads):
+        block_heads //= 2
+    if not fits(MIN_BLOCK_TOKENS, block_heads):
+        raise ValueError(f"{MIN_BLOCK_TOKENS} tokens of one head of {shape} do not fit "
+                         f"{budget} bytes of UB")
+    block_tokens = MIN_BLOCK_TOKENS
+    while block_tokens < MAX_BLOCK_TOKENS and fits(2 * block_tokens, block_heads):
+        block_tokens *= 2
+    return AscendPlan(
+        block_tokens=block_tokens, block_heads=block_heads, max_programs=facts.num_vector_cores,
+        ub_buffers=ub_buffers(shape, block_tokens, block_heads), ub_capacity=facts.ub_bytes,
+    )
