@@ -1,0 +1,409 @@
+// AscendC vector-core kernel: split QKV -> per-head RMSNorm of q and k -> RoPE, in one pass.
+//
+// Semantics: see vllm_ascend_ext/ops/split_qkv_rmsnorm_rope.py (the Triton op); this kernel is
+// its fallback and computes the same thing: per token and head, in fp32,
+//   y = x * rsqrt(mean(x^2) + eps) * (weightOffset + w) (+ bias)     (when the tensor has a weight)
+//   RoPE on dims [0, R) with c = cache[pos, :R/2], s = cache[pos, R/2:R]; dims >= R pass through;
+// one rounding (round-to-nearest-even) to the output dtype. v is never read or written.
+//
+// Tiling (from the Python plan, see split_qkv_rmsnorm_rope_tiling.h): a tile is blockTokens
+// tokens x blockHeads heads of ONE tensor (q's heads are cut into blocks, then k's: the same
+// decomposition as the Triton kernel). Tile index = tokenBlock * headBlocks + headBlock; block b
+// of GetBlockNum() takes tiles b, b + GetBlockNum(), ... Per tile:
+//   CopyIn : one DataCopyPad per token (nh heads of D elements, each head padded to Dp in UB),
+//            one DataCopyPad per token for its cos/sin row (position clamped into the cache).
+//   Compute: Cast to fp32; sum of squares per row (ReduceSum); rstd for the whole tile with
+//            vector Muls/Adds/Sqrt/Div; one V_S flag; per-row Muls by rstd; weight/bias per token;
+//            RoPE as y = x * C + gather(x, partner) * S, where C and S are the token's cos and
+//            signed sin spread over the head by Gather with precomputed byte-offset tables (so
+//            NeoX, GPT-J and any even R share one code path and no operand is misaligned).
+//   CopyOut: Cast back (CAST_RINT), one DataCopyPad per token.
+// Queues: x-in and cos/sin-in are VECIN and y-out is VECOUT, each with two buffers, so the
+// copy-in of tile i+1 and the copy-out of tile i-1 overlap the math of tile i.
+#include "kernel_operator.h"
+#include "split_qkv_rmsnorm_rope_tiling.h"
+
+namespace sqrr {
+
+constexpr int32_t kBufferNum = 2;      // double buffering
+constexpr uint32_t kSumStride = 8;     // one 32-byte block (8 fp32) per row's sum of squares
+constexpr uint32_t kWorkFloats = 8;    // ReduceSum scratch for <= 256 fp32 (4 repeats -> 1 block)
+constexpr uint32_t kConstFloats = 16;  // per token slot: 8 x 1.0f then 8 x 0.0f
+
+__aicore__ inline uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+__aicore__ inline uint32_t AlignUp(uint32_t a, uint32_t b) { return CeilDiv(a, b) * b; }
+
+template <typename T, typename TC> class SplitQkvRmsnormRope {
+public:
+    __aicore__ inline SplitQkvRmsnormRope() {}
+
+    __aicore__ inline void Init(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR cache, GM_ADDR positions,
+                                GM_ADDR qWeight, GM_ADDR kWeight, GM_ADDR qBias, GM_ADDR kBias,
+                                const SplitQkvRmsnormRopeTiling& tiling, AscendC::TPipe* pipe)
+    {
+        t_ = tiling;
+        pipe_ = pipe;
+        D_ = t_.headDim;
+        Dp_ = t_.headDimPadded;
+        R_ = t_.rotaryDim;
+        bt_ = t_.blockTokens;
+        bh_ = t_.blockHeads;
+        pitch_ = bh_ * Dp_;
+        qBlocks_ = CeilDiv(t_.numQHeads, bh_);
+        headBlocks_ = qBlocks_ + CeilDiv(t_.numKvHeads, bh_);
+        rPad_ = AlignUp(R_, 8);
+        csw_ = 2 * rPad_ + kConstFloats;
+        cachePitch_ = AlignUp(R_ * sizeof(TC), 32) / sizeof(TC);
+        hasNorm_ = (t_.flags & (SQRR_FLAG_Q_WEIGHT | SQRR_FLAG_K_WEIGHT)) != 0;
+
+        const uint64_t nTok = t_.numTokens;
+        const uint64_t hd = uint64_t(t_.numQHeads + 2 * t_.numKvHeads) * D_;
+        qkvGm_.SetGlobalBuffer((__gm__ T*)qkv, (nTok - 1) * t_.qkvRowStride + hd);
+        qOutGm_.SetGlobalBuffer((__gm__ T*)qOut, (nTok - 1) * t_.qOutRowStride + uint64_t(t_.numQHeads) * D_);
+        kOutGm_.SetGlobalBuffer((__gm__ T*)kOut, (nTok - 1) * t_.kOutRowStride + uint64_t(t_.numKvHeads) * D_);
+        cacheGm_.SetGlobalBuffer((__gm__ TC*)cache, uint64_t(t_.maxPosition - 1) * t_.cacheRowStride + R_);
+        if (t_.flags & SQRR_FLAG_POS_INT64) {
+            pos64Gm_.SetGlobalBuffer((__gm__ int64_t*)positions, (nTok - 1) * t_.positionStride + 1);
+        } else {
+            pos32Gm_.SetGlobalBuffer((__gm__ int32_t*)positions, (nTok - 1) * t_.positionStride + 1);
+        }
+
+        pipe_->InitBuffer(inQueX_, kBufferNum, bt_ * pitch_ * sizeof(T));
+        pipe_->InitBuffer(inQueCs_, kBufferNum, bt_ * cachePitch_ * sizeof(TC));
+        pipe_->InitBuffer(outQueY_, kBufferNum, bt_ * pitch_ * sizeof(T));
+        pipe_->InitBuffer(xBuf_, bt_ * pitch_ * sizeof(float));
+        pipe_->InitBuffer(rotBuf_, pitch_ * sizeof(float));
+        pipe_->InitBuffer(cosBuf_, pitch_ * sizeof(float));
+        pipe_->InitBuffer(sinBuf_, pitch_ * sizeof(float));
+        pipe_->InitBuffer(rotOffBuf_, pitch_ * sizeof(uint32_t));
+        pipe_->InitBuffer(cosOffBuf_, pitch_ * sizeof(uint32_t));
+        pipe_->InitBuffer(sinOffBuf_, pitch_ * sizeof(uint32_t));
+        pipe_->InitBuffer(csxBuf_, bt_ * csw_ * sizeof(float));
+        if (hasNorm_) {
+            pipe_->InitBuffer(sumBuf_, bt_ * bh_ * kSumStride * sizeof(float));
+            pipe_->InitBuffer(oneBuf_, bt_ * bh_ * kSumStride * sizeof(float));
+            pipe_->InitBuffer(workBuf_, kWorkFloats * sizeof(float));
+        }
+        BuildTables();  // first: its scalar writes need no V_S flag while no vector op ran yet
+        // Affine tables (only those present), each replicated over blockHeads heads.
+        if (t_.flags & SQRR_FLAG_Q_WEIGHT) LoadAffine(qwBuf_, qWeight, t_.weightOffset);
+        if (t_.flags & SQRR_FLAG_K_WEIGHT) LoadAffine(kwBuf_, kWeight, t_.weightOffset);
+        if (t_.flags & SQRR_FLAG_Q_BIAS) LoadAffine(qbBuf_, qBias, 0.0f);
+        if (t_.flags & SQRR_FLAG_K_BIAS) LoadAffine(kbBuf_, kBias, 0.0f);
+    }
+
+    __aicore__ inline void Process()
+    {
+        const uint32_t numTiles = t_.numTiles;
+        for (uint32_t tile = AscendC::GetBlockIdx(); tile < numTiles; tile += AscendC::GetBlockNum()) {
+            Tile tl = Locate(tile);
+            CopyIn(tl);
+            Compute(tl);
+            CopyOut(tl);
+        }
+    }
+
+private:
+    struct Tile {
+        uint32_t t0, nt;   // first token, tokens in the tile
+        uint32_t h0, nh;   // first head within q (or k), heads in the tile
+        bool isQ;
+    };
+
+    __aicore__ inline Tile Locate(uint32_t tile) const
+    {
+        Tile tl;
+        const uint32_t tb = tile / headBlocks_;
+        const uint32_t hb = tile - tb * headBlocks_;
+        tl.t0 = tb * bt_;
+        tl.nt = t_.numTokens - tl.t0 < bt_ ? t_.numTokens - tl.t0 : bt_;
+        tl.isQ = hb < qBlocks_;
+        const uint32_t heads = tl.isQ ? t_.numQHeads : t_.numKvHeads;
+        tl.h0 = (tl.isQ ? hb : hb - qBlocks_) * bh_;
+        tl.nh = heads - tl.h0 < bh_ ? heads - tl.h0 : bh_;
+        return tl;
+    }
+
+    // weight or bias [D] (dtype T) -> fp32 (+ offset), replicated to blockHeads heads of pitch Dp.
+    __aicore__ inline void LoadAffine(AscendC::TBuf<AscendC::TPosition::VECCALC>& buf, GM_ADDR src, float offset)
+    {
+        pipe_->InitBuffer(buf, pitch_ * sizeof(float));
+        AscendC::GlobalTensor<T> gm;
+        gm.SetGlobalBuffer((__gm__ T*)src, D_);
+        AscendC::LocalTensor<T> raw = inQueX_.AllocTensor<T>();
+        AscendC::DataCopyExtParams cp{1, static_cast<uint32_t>(D_ * sizeof(T)), 0, 0, 0};
+        AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, T{}};
+        AscendC::DataCopyPad(raw, gm, cp, pad);
+        inQueX_.EnQue(raw);
+        raw = inQueX_.DeQue<T>();
+        AscendC::LocalTensor<float> dst = buf.Get<float>();
+        AscendC::Cast(dst, raw, AscendC::RoundMode::CAST_NONE, Dp_);
+        AscendC::PipeBarrier<PIPE_V>();
+        inQueX_.FreeTensor(raw);
+        AscendC::Adds(dst, dst, offset, Dp_);
+        AscendC::PipeBarrier<PIPE_V>();
+        for (uint32_t h = 1; h < bh_; ++h) {
+            AscendC::Adds(dst[h * Dp_], dst, 0.0f, Dp_);
+        }
+        AscendC::PipeBarrier<PIPE_V>();
+    }
+
+    // Byte-offset tables for Gather, one head row by scalar writes, replicated by vector adds:
+    //   rotOff[j]: the element paired with j (itself past R);
+    //   cosOff[j]: cos of j's pair in the token's csx row (1.0f past R);
+    //   sinOff[j]: -sin for the first element of a pair, +sin for the second (0.0f past R).
+    // csx row (fp32) per token: [c | s] at 0, [-c | -s] at rPad, 8 x 1.0f then 8 x 0.0f at 2*rPad.
+    __aicore__ inline void BuildTables()
+    {
+        AscendC::LocalTensor<int32_t> rotOff = rotOffBuf_.Get<int32_t>();
+        AscendC::LocalTensor<int32_t> cosOff = cosOffBuf_.Get<int32_t>();
+        AscendC::LocalTensor<int32_t> sinOff = sinOffBuf_.Get<int32_t>();
+        const uint32_t half = R_ / 2;
+        const bool neox = (t_.flags & SQRR_FLAG_NEOX) != 0;
+        const int32_t fb = sizeof(float);
+        for (uint32_t j = 0; j < Dp_; ++j) {
+            int32_t partner = j, cosIdx = 2 * rPad_, sinIdx = 2 * rPad_ + 8;
+            if (j < R_) {
+                const uint32_t i = neox ? (j < half ? j : j - half) : j / 2;
+                const bool first = neox ? j < half : (j % 2) == 0;
+                partner = neox ? (first ? j + half : j - half) : (j ^ 1u);
+                cosIdx = i;
+                sinIdx = first ? rPad_ + half + i : half + i;
+            }
+            rotOff.SetValue(j, partner * fb);
+            cosOff.SetValue(j, cosIdx * fb);
+            sinOff.SetValue(j, sinIdx * fb);
+        }
+        event_t sv = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::S_V));
+        AscendC::SetFlag<AscendC::HardEvent::S_V>(sv);
+        AscendC::WaitFlag<AscendC::HardEvent::S_V>(sv);
+        for (uint32_t h = 1; h < bh_; ++h) {
+            AscendC::Adds(rotOff[h * Dp_], rotOff, static_cast<int32_t>(h * Dp_ * fb), Dp_);
+            AscendC::Adds(cosOff[h * Dp_], cosOff, 0, Dp_);
+            AscendC::Adds(sinOff[h * Dp_], sinOff, 0, Dp_);
+        }
+        AscendC::LocalTensor<float> csx = csxBuf_.Get<float>();
+        for (uint32_t t = 0; t < bt_; ++t) {
+            AscendC::Duplicate(csx[t * csw_ + 2 * rPad_], 1.0f, 8);
+            AscendC::Duplicate(csx[t * csw_ + 2 * rPad_ + 8], 0.0f, 8);
+        }
+        if (hasNorm_) {
+            AscendC::Duplicate(oneBuf_.Get<float>(), 1.0f, bt_ * bh_ * kSumStride);
+        }
+        AscendC::PipeBarrier<PIPE_V>();
+    }
+
+    __aicore__ inline uint64_t Position(uint32_t token) const
+    {
+        const uint64_t i = uint64_t(token) * t_.positionStride;
+        int64_t p = (t_.flags & SQRR_FLAG_POS_INT64) ? pos64Gm_.GetValue(i) : static_cast<int64_t>(pos32Gm_.GetValue(i));
+        if (p < 0) p = 0;
+        if (p >= static_cast<int64_t>(t_.maxPosition)) p = static_cast<int64_t>(t_.maxPosition) - 1;
+        return static_cast<uint64_t>(p);
+    }
+
+    __aicore__ inline void CopyIn(const Tile& tl)
+    {
+        AscendC::LocalTensor<T> x = inQueX_.AllocTensor<T>();
+        const uint64_t col = uint64_t(tl.isQ ? tl.h0 : t_.numQHeads + tl.h0) * D_;
+        AscendC::DataCopyExtParams xp{static_cast<uint16_t>(tl.nh), static_cast<uint32_t>(D_ * sizeof(T)), 0,
+                                      (Dp_ * static_cast<uint32_t>(sizeof(T)) - AlignUp(D_ * sizeof(T), 32)) / 32, 0};
+        AscendC::DataCopyPadExtParams<T> xpad{false, 0, 0, T{}};
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::DataCopyPad(x[t * pitch_], qkvGm_[(tl.t0 + t) * t_.qkvRowStride + col], xp, xpad);
+        }
+        inQueX_.EnQue(x);
+
+        AscendC::LocalTensor<TC> cs = inQueCs_.AllocTensor<TC>();
+        AscendC::DataCopyExtParams cp{1, static_cast<uint32_t>(R_ * sizeof(TC)), 0, 0, 0};
+        AscendC::DataCopyPadExtParams<TC> cpad{false, 0, 0, TC{}};
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::DataCopyPad(cs[t * cachePitch_], cacheGm_[Position(tl.t0 + t) * t_.cacheRowStride], cp, cpad);
+        }
+        inQueCs_.EnQue(cs);
+    }
+
+    __aicore__ inline void Compute(const Tile& tl)
+    {
+        AscendC::LocalTensor<float> xf = xBuf_.Get<float>();
+        AscendC::LocalTensor<float> csx = csxBuf_.Get<float>();
+        const uint32_t n = tl.nh * Dp_;  // elements of one token's heads in the tile
+
+        AscendC::LocalTensor<T> x = inQueX_.DeQue<T>();
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Cast(xf[t * pitch_], x[t * pitch_], AscendC::RoundMode::CAST_NONE, n);
+        }
+        inQueX_.FreeTensor(x);
+
+        AscendC::LocalTensor<TC> cs = inQueCs_.DeQue<TC>();
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            if constexpr (AscendC::IsSameType<TC, float>::value) {
+                AscendC::Adds(csx[t * csw_], cs[t * cachePitch_], 0.0f, R_);
+            } else {
+                AscendC::Cast(csx[t * csw_], cs[t * cachePitch_], AscendC::RoundMode::CAST_NONE, R_);
+            }
+        }
+        AscendC::PipeBarrier<PIPE_V>();
+        inQueCs_.FreeTensor(cs);
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Muls(csx[t * csw_ + rPad_], csx[t * csw_], -1.0f, R_);
+        }
+        AscendC::PipeBarrier<PIPE_V>();  // xf and csx are read below (Gather, norm)
+
+        const bool norm = (t_.flags & (tl.isQ ? SQRR_FLAG_Q_WEIGHT : SQRR_FLAG_K_WEIGHT)) != 0;
+        if (norm) {
+            Normalize(tl, xf);
+            AscendC::LocalTensor<float> w = (tl.isQ ? qwBuf_ : kwBuf_).template Get<float>();
+            for (uint32_t t = 0; t < tl.nt; ++t) {
+                AscendC::Mul(xf[t * pitch_], xf[t * pitch_], w, n);
+            }
+            AscendC::PipeBarrier<PIPE_V>();
+            if (t_.flags & (tl.isQ ? SQRR_FLAG_Q_BIAS : SQRR_FLAG_K_BIAS)) {
+                AscendC::LocalTensor<float> b = (tl.isQ ? qbBuf_ : kbBuf_).template Get<float>();
+                for (uint32_t t = 0; t < tl.nt; ++t) {
+                    AscendC::Add(xf[t * pitch_], xf[t * pitch_], b, n);
+                }
+                AscendC::PipeBarrier<PIPE_V>();
+            }
+        }
+
+        // RoPE: y = x * C + x[partner] * S, per token over all its heads in the tile.
+        AscendC::LocalTensor<float> rot = rotBuf_.Get<float>();
+        AscendC::LocalTensor<float> cosF = cosBuf_.Get<float>();
+        AscendC::LocalTensor<float> sinF = sinBuf_.Get<float>();
+        AscendC::LocalTensor<uint32_t> rotOff = rotOffBuf_.Get<uint32_t>();
+        AscendC::LocalTensor<uint32_t> cosOff = cosOffBuf_.Get<uint32_t>();
+        AscendC::LocalTensor<uint32_t> sinOff = sinOffBuf_.Get<uint32_t>();
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::LocalTensor<float> xt = xf[t * pitch_];
+            AscendC::Gather(cosF, csx[t * csw_], cosOff, 0, n);
+            AscendC::Gather(sinF, csx[t * csw_], sinOff, 0, n);
+            AscendC::Gather(rot, xt, rotOff, 0, n);
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Mul(xt, xt, cosF, n);
+            AscendC::Mul(rot, rot, sinF, n);
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::Add(xt, xt, rot, n);
+            AscendC::PipeBarrier<PIPE_V>();
+        }
+
+        AscendC::LocalTensor<T> y = outQueY_.AllocTensor<T>();
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Cast(y[t * pitch_], xf[t * pitch_], AscendC::RoundMode::CAST_RINT, n);
+        }
+        outQueY_.EnQue(y);
+    }
+
+    // xf rows *= rsqrt(mean(x^2) + eps): squares and one ReduceSum per row, rstd for the tile with
+    // vector ops, then the per-row scale read back by the scalar unit after a V_S flag.
+    __aicore__ inline void Normalize(const Tile& tl, AscendC::LocalTensor<float>& xf)
+    {
+        AscendC::LocalTensor<float> sq = rotBuf_.Get<float>();
+        AscendC::LocalTensor<float> sums = sumBuf_.Get<float>();
+        AscendC::LocalTensor<float> ones = oneBuf_.Get<float>();
+        AscendC::LocalTensor<float> work = workBuf_.Get<float>();
+        const uint32_t n = tl.nh * Dp_;
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Mul(sq, xf[t * pitch_], xf[t * pitch_], n);
+            AscendC::PipeBarrier<PIPE_V>();
+            for (uint32_t h = 0; h < tl.nh; ++h) {
+                AscendC::ReduceSum(sums[(t * bh_ + h) * kSumStride], sq[h * Dp_], work, D_);
+            }
+            AscendC::PipeBarrier<PIPE_V>();
+        }
+        const uint32_t m = tl.nt * bh_ * kSumStride;
+        AscendC::Muls(sums, sums, 1.0f / static_cast<float>(D_), m);
+        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::Adds(sums, sums, t_.eps, m);
+        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::Sqrt(sums, sums, m);
+        AscendC::PipeBarrier<PIPE_V>();
+        AscendC::Div(sums, ones, sums, m);
+        event_t vs = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::V_S));
+        AscendC::SetFlag<AscendC::HardEvent::V_S>(vs);
+        AscendC::WaitFlag<AscendC::HardEvent::V_S>(vs);
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            for (uint32_t h = 0; h < tl.nh; ++h) {
+                const float rstd = sums.GetValue((t * bh_ + h) * kSumStride);
+                AscendC::Muls(xf[t * pitch_ + h * Dp_], xf[t * pitch_ + h * Dp_], rstd, D_);
+            }
+        }
+        AscendC::PipeBarrier<PIPE_V>();
+    }
+
+    __aicore__ inline void CopyOut(const Tile& tl)
+    {
+        AscendC::LocalTensor<T> y = outQueY_.DeQue<T>();
+        AscendC::GlobalTensor<T>& out = tl.isQ ? qOutGm_ : kOutGm_;
+        const uint64_t stride = tl.isQ ? t_.qOutRowStride : t_.kOutRowStride;
+        AscendC::DataCopyExtParams yp{static_cast<uint16_t>(tl.nh), static_cast<uint32_t>(D_ * sizeof(T)),
+                                      (Dp_ * static_cast<uint32_t>(sizeof(T)) - AlignUp(D_ * sizeof(T), 32)) / 32, 0, 0};
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::DataCopyPad(out[(tl.t0 + t) * stride + uint64_t(tl.h0) * D_], y[t * pitch_], yp);
+        }
+        outQueY_.FreeTensor(y);
+    }
+
+    SplitQkvRmsnormRopeTiling t_;
+    AscendC::TPipe* pipe_ = nullptr;
+    uint32_t D_ = 0, Dp_ = 0, R_ = 0, bt_ = 0, bh_ = 0, pitch_ = 0;
+    uint32_t qBlocks_ = 0, headBlocks_ = 0, rPad_ = 0, csw_ = 0, cachePitch_ = 0;
+    bool hasNorm_ = false;
+
+    AscendC::GlobalTensor<T> qkvGm_, qOutGm_, kOutGm_;
+    AscendC::GlobalTensor<TC> cacheGm_;
+    AscendC::GlobalTensor<int32_t> pos32Gm_;
+    AscendC::GlobalTensor<int64_t> pos64Gm_;
+
+    AscendC::TQue<AscendC::QuePosition::VECIN, 1> inQueX_, inQueCs_;
+    AscendC::TQue<AscendC::QuePosition::VECOUT, 1> outQueY_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> xBuf_, rotBuf_, cosBuf_, sinBuf_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> rotOffBuf_, cosOffBuf_, sinOffBuf_, csxBuf_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, oneBuf_, workBuf_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> qwBuf_, kwBuf_, qbBuf_, kbBuf_;
+};
+
+}  // namespace sqrr
+
+// Kernel entries, one per (qkv dtype, cache dtype); C symbols, as CANN's kernel launch expects.
+#define SQRR_KERNEL(NAME, T, TC)                                                                              \
+    extern "C" __global__ __aicore__ void NAME(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR cache,         \
+                                               GM_ADDR positions, GM_ADDR qWeight, GM_ADDR kWeight,            \
+                                               GM_ADDR qBias, GM_ADDR kBias, SplitQkvRmsnormRopeTiling tiling) \
+    {                                                                                                          \
+        AscendC::TPipe pipe;                                                                                   \
+        sqrr::SplitQkvRmsnormRope<T, TC> op;                                                                   \
+        op.Init(qkv, qOut, kOut, cache, positions, qWeight, kWeight, qBias, kBias, tiling, &pipe);             \
+        op.Process();                                                                                          \
+    }
+
+SQRR_KERNEL(split_qkv_rmsnorm_rope_bf16_cbf16, bfloat16_t, bfloat16_t)
+SQRR_KERNEL(split_qkv_rmsnorm_rope_bf16_cfp16, bfloat16_t, half)
+SQRR_KERNEL(split_qkv_rmsnorm_rope_bf16_cfp32, bfloat16_t, float)
+SQRR_KERNEL(split_qkv_rmsnorm_rope_fp16_cbf16, half, bfloat16_t)
+SQRR_KERNEL(split_qkv_rmsnorm_rope_fp16_cfp16, half, half)
+SQRR_KERNEL(split_qkv_rmsnorm_rope_fp16_cfp32, half, float)
+
+#ifndef ASCENDC_HOST_SIM
+// Host-side launch (compiled by CANN's toolchain only): picks the entry for the dtypes and
+// launches blockDim vector cores on the stream. Returns 0, or -1 for an unknown dtype pair.
+#define SQRR_LAUNCH_CASE(DT, CT, NAME)                                                                         \
+    if (tiling.dtype == (DT) && tiling.cacheDtype == (CT)) {                                                   \
+        NAME<<<blockDim, nullptr, stream>>>(qkv, qOut, kOut, cache, positions, qWeight, kWeight, qBias, kBias, \
+                                            tiling);                                                           \
+        return 0;                                                                                              \
+    }
+extern "C" int split_qkv_rmsnorm_rope_launch(void* stream, uint32_t blockDim, GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut,
+                                             GM_ADDR cache, GM_ADDR positions, GM_ADDR qWeight, GM_ADDR kWeight,
+                                             GM_ADDR qBias, GM_ADDR kBias, SplitQkvRmsnormRopeTiling tiling)
+{
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_BF16, SQRR_DTYPE_BF16, split_qkv_rmsnorm_rope_bf16_cbf16)
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_BF16, SQRR_DTYPE_FP16, split_qkv_rmsnorm_rope_bf16_cfp16)
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_BF16, SQRR_DTYPE_FP32, split_qkv_rmsnorm_rope_bf16_cfp32)
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_FP16, SQRR_DTYPE_BF16, split_qkv_rmsnorm_rope_fp16_cbf16)
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_FP16, SQRR_DTYPE_FP16, split_qkv_rmsnorm_rope_fp16_cfp16)
+    SQRR_LAUNCH_CASE(SQRR_DTYPE_FP16, SQRR_DTYPE_FP32, split_qkv_rmsnorm_rope_fp16_cfp32)
+    return -1;
+}
+#undef SQRR_LAUNCH_CASE
+#endif  // ASCENDC_HOST_SIM

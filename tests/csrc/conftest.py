@@ -1,0 +1,30 @@
+"""Fixtures of the AscendC host-build tests: the built libraries, built once per source hash."""
+
+from pathlib import Path
+
+import pytest
+
+from host_sim import OP_DIR, HostSim, build
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def host_sim() -> HostSim:
+    """The kernel's host build, registered as the CPU implementation of the AscendC ops."""
+    from vllm_ascend_ext import ascendc
+
+    sim = HostSim(build(OP_DIR / "split_qkv_rmsnorm_rope_host_sim.cpp", "split_qkv_rmsnorm_rope_host_sim"))
+    ascendc.register_cpu_launch(sim.launch)
+    return sim
+
+
+@pytest.fixture(scope="session")
+def selftest_lib():
+    """Small kernels that break one hardware rule each (tests of the host layer itself)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(HERE / "host_sim_selftest.cpp", "host_sim_selftest")))
+    lib.selftest_run.restype = ctypes.c_int
+    lib.selftest_run.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    return lib

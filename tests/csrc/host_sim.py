@@ -1,0 +1,154 @@
+"""Build and drive the host build of the AscendC kernel (g++ against csrc/ascendc_host_sim).
+
+:func:`build` compiles a shared library once per source hash into ``build/host_sim/<hash>/``
+(git-ignored) and reuses it; :class:`HostSim` runs the kernel through it with every tensor of the
+launch registered as global memory, keeping the byte-level read/write maps of the last launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vllm_ascend_ext.ascendc import Tiling
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_DIR = ROOT / "csrc" / "ascendc_host_sim"
+OP_DIR = ROOT / "csrc" / "split_qkv_rmsnorm_rope"
+BUILD_DIR = ROOT / "build" / "host_sim"
+CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared")
+
+
+def build(main: Path, name: str) -> Path:
+    """Compile ``main`` (with the host sim and the op's headers on the include path), cached.
+
+    The cache key hashes the compiler flags and every file under the two csrc folders plus
+    ``main``, so an edit anywhere rebuilds. Concurrent builds each write a temporary file and
+    rename it into place.
+    """
+    digest = hashlib.sha256(" ".join(CXXFLAGS).encode())
+    for path in sorted([*SIM_DIR.glob("*"), *OP_DIR.glob("*"), main]):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    out = BUILD_DIR / digest.hexdigest()[:16] / f"lib{name}.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX") or shutil.which("g++") or "g++"
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *CXXFLAGS, f"-I{SIM_DIR}", f"-I{OP_DIR}", str(main), "-o", tmp]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"host build failed: {' '.join(cmd)}\n{result.stderr}")
+    os.replace(tmp, out)
+    return out
+
+
+class SimViolation(RuntimeError):
+    """The host layer (or the kernel) rejected a launch; the message says why."""
+
+
+@dataclass
+class Region:
+    """One registered GM tensor of the last launch and what the kernel did to its bytes."""
+
+    name: str
+    base: int
+    nbytes: int
+    read: np.ndarray
+    written: np.ndarray
+
+
+class HostSim:
+    """The kernel's host build, callable like the NPU launch."""
+
+    def __init__(self, library: Path):
+        lib = ctypes.CDLL(str(library))
+        lib.sqrr_sim_register_gm.restype = ctypes.c_int
+        lib.sqrr_sim_register_gm.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+        lib.sqrr_sim_access_map.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64]
+        lib.sqrr_sim_ub_peak.restype = ctypes.c_uint32
+        lib.sqrr_sim_blocks_run.restype = ctypes.c_uint32
+        lib.sqrr_sim_tiling_layout.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        lib.sqrr_sim_launch.restype = ctypes.c_int
+        lib.sqrr_sim_launch.argtypes = [ctypes.POINTER(Tiling), ctypes.c_uint32, ctypes.c_uint32] + [
+            ctypes.c_void_p
+        ] * 9 + [ctypes.c_char_p, ctypes.c_int]
+        self.lib = lib
+        self.regions: dict[str, Region] = {}
+        self.ub_peak = 0
+        self.blocks_run = 0
+        self.block_dim = 0
+        self.tiling: Tiling | None = None
+        self.ub_bytes: int | None = None  # override of the per-core UB (tests of the host layer)
+
+    def tiling_layout(self) -> list[int]:
+        """``[sizeof, offsetof(field) ...]`` of the C struct, in declaration order."""
+        out = (ctypes.c_uint64 * 64)()
+        n = self.lib.sqrr_sim_tiling_layout(out, 64)
+        return list(out[:n])
+
+    def launch(self, qkv, q, k, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling):
+        """Run every block of the kernel; raise :class:`SimViolation` on any host-layer failure."""
+        self.lib.sqrr_sim_reset_gm()
+        self.regions = {}
+        inplace = q.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+        tensors = [("qkv", qkv, inplace), ("cos_sin_cache", cache, False), ("positions", positions, False),
+                   ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("q_bias", q_bias, False),
+                   ("k_bias", k_bias, False)]
+        if not inplace:
+            tensors += [("q_out", q, True), ("k_out", k, True)]
+        for name, t, writable in tensors:
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            if any(r.base == storage.data_ptr() for r in self.regions.values()):
+                continue
+            index = self.lib.sqrr_sim_register_gm(storage.data_ptr(), storage.nbytes(), int(writable), name.encode())
+            self.regions[name] = Region(name, storage.data_ptr(), storage.nbytes(), None, None)
+            self.regions[name].index = index
+        err = ctypes.create_string_buffer(1024)
+        ub = self.ub_bytes if self.ub_bytes is not None else tiling.ubBytes
+
+        def ptr(t):
+            return None if t is None else t.data_ptr()
+
+        rc = self.lib.sqrr_sim_launch(
+            ctypes.byref(tiling), block_dim, ub, ptr(qkv), ptr(q), ptr(k), ptr(cache), ptr(positions),
+            ptr(q_weight), ptr(k_weight), ptr(q_bias), ptr(k_bias), err, len(err),
+        )
+        self.ub_peak = self.lib.sqrr_sim_ub_peak()
+        self.blocks_run = self.lib.sqrr_sim_blocks_run()
+        self.block_dim = block_dim
+        self.tiling = tiling
+        for region in self.regions.values():
+            for which, attr in ((0, "read"), (1, "written")):
+                buf = np.zeros(region.nbytes, dtype=np.uint8)
+                self.lib.sqrr_sim_access_map(region.index, which, buf.ctypes.data, region.nbytes)
+                setattr(region, attr, buf.astype(bool))
+        if rc != 0:
+            raise SimViolation(err.value.decode())
+
+
+def byte_mask(t: torch.Tensor, region: Region) -> np.ndarray:
+    """Bytes of ``region`` (a storage) that the elements of view ``t`` occupy."""
+    mask = np.zeros(region.nbytes, dtype=bool)
+    size = t.element_size()
+    offsets = torch.as_strided(
+        torch.arange(t.untyped_storage().nbytes() // size), t.shape, t.stride(), t.storage_offset()
+    ).reshape(-1).numpy()
+    for b in range(size):
+        mask[offsets * size + b] = True
+    return mask
