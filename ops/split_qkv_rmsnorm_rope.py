@@ -54,6 +54,11 @@ _POSITION_DTYPES = (torch.int32, torch.int64)
 MAX_HEAD_DIM = 512
 
 
+def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
+    """Allocate one out-of-place output (the tests poison it through this seam)."""
+    return qkv.new_empty((num_tokens, columns))
+
+
 @triton.jit
 def _load_affine(ptr, offs, mask, offset, ON: tl.constexpr, DEFAULT: tl.constexpr):
     """``offset + ptr[offs]`` in fp32 when the tensor is present, else the constant ``DEFAULT``."""
@@ -314,8 +319,8 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     if inplace:
         q, k = qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
     else:
-        q = qkv.new_empty((num_tokens, q_cols))
-        k = qkv.new_empty((num_tokens, kv_cols))
+        q = _new_output(qkv, num_tokens, q_cols)
+        k = _new_output(qkv, num_tokens, kv_cols)
     if num_tokens == 0:
         return q, k, v
 

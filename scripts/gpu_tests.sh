@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run the op test suite compiled on a CUDA GPU (no Triton interpreter).
+#
+#   bash scripts/gpu_tests.sh [pytest args...]
+#
+# Needs python3 with torch (CUDA), triton, numpy and pytest; vLLM is not needed. The package is
+# laid out as it installs (ops/ becomes vllm_ascend_ext.ops) in build/gpu-site, so no pip or
+# network access is needed on the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+site=build/gpu-site
+rm -rf "$site" && mkdir -p "$site"
+cp -r vllm_ascend_ext "$site/vllm_ascend_ext"
+cp -r ops "$site/vllm_ascend_ext/ops"
+export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+python3 -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+VLLM_ASCEND_EXT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/ops "$@"

@@ -1,0 +1,322 @@
+"""Tests of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`` against an independent float64 reference.
+
+On CPU the kernel runs through the Triton interpreter (small sizes); on a GPU the same tests run
+compiled, plus the large sizes marked ``gpu``. Each test runs under both launch plans (Ascend and
+CUDA), so tile and grid boundaries of both are crossed wherever the kernel runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
+from vllm_ascend_ext.ops import tiling
+from vllm_ascend_ext.ops.models import MODELS, AttentionGeometry, model
+from vllm_ascend_ext.ops.tiling import KernelShape, plan_for
+from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
+
+# The package re-exports the function under the module's name; the module itself, for its seams.
+op_module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope")
+
+#: Allowed error of the kernel against the float64 reference, by output dtype: one ulp of the
+#: output (the interpreter truncates on the final cast, a GPU rounds to nearest: half an ulp),
+#: plus an absolute floor for values near zero where fp32 cancellation in the rotation shows.
+TOLERANCES = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float16: dict(rtol=2.0**-10, atol=1e-4),
+    torch.bfloat16: dict(rtol=2.0**-7, atol=1e-3),
+}
+POISON = {torch.float32: float("nan"), torch.float16: float("nan"), torch.bfloat16: float("nan")}
+BACKENDS = ("ascend", "cuda")
+MAX_POSITION = 97
+
+
+def reference(qkv, q_weight, k_weight, cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+              is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+    """The prologue in float64, written from the math, one head tensor at a time."""
+    tokens = qkv.shape[0]
+    rotary = cache.shape[1]
+    half = rotary // 2
+    pos = positions.long().clamp(0, cache.shape[0] - 1)
+    cos = cache.double()[pos, :half][:, None, :]
+    sin = cache.double()[pos, half:][:, None, :]
+    if is_neox:
+        first, second = torch.arange(half), torch.arange(half) + half
+    else:
+        first, second = torch.arange(0, rotary, 2), torch.arange(1, rotary, 2)
+    outs = []
+    start = 0
+    for heads, weight, bias in ((num_q_heads, q_weight, q_bias), (num_kv_heads, k_weight, k_bias)):
+        x = qkv[:, start:start + heads * head_dim].double().reshape(tokens, heads, head_dim)
+        start += heads * head_dim
+        if weight is not None:
+            rms = torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps)
+            x = x / rms * (weight_offset + weight.double())
+            if bias is not None:
+                x = x + bias.double()
+        y = x.clone()
+        y[..., first] = x[..., first] * cos - x[..., second] * sin
+        y[..., second] = x[..., second] * cos + x[..., first] * sin
+        outs.append(y.reshape(tokens, heads * head_dim))
+    return outs
+
+
+def make_inputs(geometry: AttentionGeometry, tokens: int, device, dtype=torch.bfloat16,
+                cache_dtype=torch.float32, positions_dtype=torch.int64, bias=False,
+                row_padding=0, generator=None):
+    """Fresh random inputs for one call; positions include values outside the cache."""
+    g = geometry
+    width = g.qkv_width
+    qkv = torch.randn(tokens, width + row_padding, device=device, dtype=dtype)[:, :width]
+    weights = [None, None]
+    if g.qk_norm:
+        weights = [torch.randn(g.head_dim, device=device, dtype=dtype) for _ in range(2)]
+    biases = [None, None]
+    if bias:
+        biases = [torch.randn(g.head_dim, device=device, dtype=dtype) for _ in range(2)]
+    cache = torch.randn(MAX_POSITION, g.rotary_dim, device=device, dtype=cache_dtype)
+    positions = torch.randint(-3, MAX_POSITION + 3, (tokens,), device=device, dtype=positions_dtype)
+    return dict(qkv=qkv, q_weight=weights[0], k_weight=weights[1], cos_sin_cache=cache,
+                positions=positions, num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads,
+                head_dim=g.head_dim, eps=g.eps, is_neox=g.is_neox, q_bias=biases[0],
+                k_bias=biases[1], weight_offset=g.weight_offset)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Out-of-place outputs are allocated full of NaN, so an unwritten element fails the check."""
+    def _new_output(qkv, num_tokens, columns):
+        return torch.full((num_tokens, columns), POISON[qkv.dtype], dtype=qkv.dtype, device=qkv.device)
+
+    monkeypatch.setattr(op_module, "_new_output", _new_output)
+
+
+def run_and_check(args: dict, backend: str | None = None, inplace: bool = False):
+    """Run the op (optionally under a forced plan family), compare with the reference, return q, k."""
+    qkv = args["qkv"]
+    before = qkv.clone()
+    with tiling.forced(backend):
+        q, k, v = split_qkv_rmsnorm_rope(**args, inplace=inplace)
+    ref_q, ref_k = reference(before, args["q_weight"], args["k_weight"], args["cos_sin_cache"],
+                             args["positions"], args["num_q_heads"], args["num_kv_heads"],
+                             args["head_dim"], args["eps"], args["is_neox"], args["q_bias"],
+                             args["k_bias"], args["weight_offset"])
+    tol = TOLERANCES[qkv.dtype]
+    torch.testing.assert_close(q.double().cpu(), ref_q.cpu(), **tol)
+    torch.testing.assert_close(k.double().cpu(), ref_k.cpu(), **tol)
+    q_cols = args["num_q_heads"] * args["head_dim"]
+    kv_cols = args["num_kv_heads"] * args["head_dim"]
+    assert v.data_ptr() == qkv.data_ptr() + (q_cols + kv_cols) * qkv.element_size()
+    assert torch.equal(v, before[:, q_cols + kv_cols:])
+    if inplace:
+        assert q.data_ptr() == qkv.data_ptr() and k.data_ptr() == qkv.data_ptr() + q_cols * qkv.element_size()
+    else:
+        assert torch.equal(qkv, before), "out-of-place call modified qkv"
+    return q, k
+
+
+#: Token counts the interpreter runs in a few seconds; larger looping cases are GPU-only.
+INTERPRETER_MAX_TOKENS = 512
+
+
+def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> list[int]:
+    """1, odd, a full tile, just past a tile, and enough tiles that programs loop (grid-stride).
+
+    The looping count is skipped in the interpreter when the plan's grid is large (the CUDA plan
+    has SMs x 8 programs); ``test_grid_stride_loop`` covers looping there with a small plan.
+    """
+    shape = KernelShape(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
+                        geometry.rotary_dim, 2, 4, geometry.is_neox)
+    with tiling.forced(backend):
+        plan = plan_for(device, shape)
+    bt = plan.block_tokens
+    looping = bt * -(-(plan.max_programs + 1) // shape.head_blocks(plan.block_heads)) + 1
+    counts = {1, 3, bt, bt + 1, 2 * bt + 1}
+    if device.type != "cpu" or looping <= INTERPRETER_MAX_TOKENS:
+        counts.add(looping)
+    return sorted(counts)
+
+
+SMALL = model("Qwen3-30B-A3B").shard(4)  # 8/1/128: cheap in the interpreter, q and k blocks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("geometry", [SMALL, model("GLM-4-9B").shard(8), model("Phi-2").shard(8)],
+                         ids=lambda g: g.label)
+def test_tile_boundaries(device, poisoned, backend, geometry):
+    for tokens in tile_boundary_tokens(geometry, backend, device):
+        run_and_check(make_inputs(geometry, tokens, device), backend)
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=lambda m: m.name)
+def test_model_table(device, poisoned, spec):
+    """Every model of the table, sharded as far as it goes (small per-rank sizes), both plans."""
+    geometry = spec.shard(8)
+    for backend in BACKENDS:
+        run_and_check(make_inputs(geometry, 19, device), backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_dtypes(device, poisoned, dtype, cache_dtype):
+    args = make_inputs(SMALL, 21, device, dtype=dtype, cache_dtype=cache_dtype,
+                       positions_dtype=torch.int32)
+    run_and_check(args, "ascend")
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (80, 32), (96, 96), (128, 64), (192, 64),
+                                                 (256, 256), (512, 128), (2, 2), (6, 4)])
+def test_head_and_rotary_dims(device, poisoned, is_neox, head_dim, rotary_dim):
+    geometry = AttentionGeometry(3, 1, head_dim, rotary_dim, is_neox=is_neox, weight_offset=0.5)
+    run_and_check(make_inputs(geometry, 9, device, dtype=torch.float32), "cuda")
+
+
+@pytest.mark.parametrize("which", ["both", "q only", "k only", "none"])
+def test_optional_weights_and_bias(device, poisoned, which):
+    args = make_inputs(SMALL, 13, device, bias=True)
+    if which in ("k only", "none"):
+        args.update(q_weight=None, q_bias=None)
+    if which in ("q only", "none"):
+        args.update(k_weight=None, k_bias=None)
+    run_and_check(args, "ascend")
+
+
+def test_gemma_offset_and_bias(device, poisoned):
+    geometry = model("Gemma-3-12B").shard(4)
+    run_and_check(make_inputs(geometry, 7, device, bias=True), "cuda")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_matches_out_of_place(device, poisoned, backend):
+    args = make_inputs(SMALL, 29, device, row_padding=24)
+    q, k = run_and_check(args, backend)
+    wide = args["qkv"]
+    base = wide.as_strided((wide.shape[0], wide.stride(0)), (wide.stride(0), 1)).clone()
+    qkv = base[:, :wide.shape[1]]
+    padding = base[:, wide.shape[1]:].clone()
+    q_in, k_in = run_and_check(dict(args, qkv=qkv), backend, inplace=True)
+    assert torch.equal(q_in, q) and torch.equal(k_in, k)
+    assert torch.equal(base[:, wide.shape[1]:], padding), "wrote outside qkv's columns"
+
+
+def test_grid_stride_loop(device, poisoned):
+    """A plan with far fewer programs than tiles: every program walks many tiles."""
+    plan = CudaPlan(block_tokens=2, block_heads=2, max_programs=3, num_warps=4)
+    args = make_inputs(model("Qwen3-8B").shard(8), 23, device)
+    with tiling.forced(plan=plan):
+        run_and_check(args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_calls_are_bit_identical(device, backend):
+    args = make_inputs(SMALL, 37, device)
+    with tiling.forced(backend):
+        first = split_qkv_rmsnorm_rope(**args)
+        second = split_qkv_rmsnorm_rope(**args)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_zero_tokens(device):
+    args = make_inputs(SMALL, 0, device)
+    q, k, v = split_qkv_rmsnorm_rope(**args)
+    assert q.shape == (0, 8 * 128) and k.shape == (0, 128) and v.shape == (0, 128)
+    q, k, v = split_qkv_rmsnorm_rope(**args, inplace=True)
+    assert q.shape == (0, 8 * 128) and k.shape == (0, 128)
+
+
+def _bad(args, **changes):
+    return dict(args, **changes)
+
+
+BAD_INPUTS = [
+    ("qkv", lambda a, d: _bad(a, qkv=a["qkv"][:, :-2])),
+    ("qkv", lambda a, d: _bad(a, qkv=a["qkv"].to(torch.int32))),
+    ("qkv", lambda a, d: _bad(a, qkv=a["qkv"].t().contiguous().t())),
+    ("qkv", lambda a, d: _bad(a, qkv=a["qkv"][0])),
+    ("num_q_heads", lambda a, d: _bad(a, num_q_heads=0)),
+    ("num_kv_heads", lambda a, d: _bad(a, num_kv_heads=1.0)),
+    ("head_dim", lambda a, d: _bad(a, head_dim=127)),
+    ("head_dim", lambda a, d: _bad(a, head_dim=514, num_q_heads=1, num_kv_heads=1,
+                                   qkv=torch.zeros(3, 3 * 514, device=d))),
+    ("q_weight", lambda a, d: _bad(a, q_weight=a["q_weight"][:-1])),
+    ("k_weight", lambda a, d: _bad(a, k_weight=a["k_weight"].to(torch.int64))),
+    ("q_bias", lambda a, d: _bad(a, q_weight=None, q_bias=a["q_weight"])),
+    ("k_bias", lambda a, d: _bad(a, k_bias=torch.zeros(5, device=d))),
+    ("cos_sin_cache", lambda a, d: _bad(a, cos_sin_cache=a["cos_sin_cache"][:, :-1])),
+    ("cos_sin_cache", lambda a, d: _bad(a, cos_sin_cache=torch.zeros(4, 130, device=d))),
+    ("cos_sin_cache", lambda a, d: _bad(a, cos_sin_cache=a["cos_sin_cache"].to(torch.float64))),
+    ("cos_sin_cache", lambda a, d: _bad(a, cos_sin_cache=torch.zeros(0, 128, device=d))),
+    ("positions", lambda a, d: _bad(a, positions=a["positions"][:-1])),
+    ("positions", lambda a, d: _bad(a, positions=a["positions"].float())),
+    ("eps", lambda a, d: _bad(a, eps=-1.0)),
+    ("eps", lambda a, d: _bad(a, eps=math.nan)),
+    ("weight_offset", lambda a, d: _bad(a, weight_offset=math.inf)),
+]
+
+
+@pytest.mark.parametrize("name,change", BAD_INPUTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_INPUTS)])
+def test_bad_inputs_name_the_argument(device, name, change):
+    args = change(make_inputs(SMALL, 5, device), device)
+    with pytest.raises(ValueError, match=name):
+        split_qkv_rmsnorm_rope(**args)
+
+
+def test_device_mismatch_names_the_argument(device):
+    if device.type == "cpu":
+        pytest.skip("needs a second device type")
+    args = make_inputs(SMALL, 5, device)
+    with pytest.raises(ValueError, match="positions"):
+        split_qkv_rmsnorm_rope(**dict(args, positions=args["positions"].cpu()))
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled-kernel properties and large sizes: GPU only (the interpreter neither compiles nor
+# runs large sizes in reasonable time).
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                         reason="needs a GPU without the interpreter")
+
+
+def _compiled_variants() -> int:
+    kernel = op_module._split_qkv_rmsnorm_rope_kernel
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:  # Triton >= 3.3
+        return sum(len(entry[0]) for entry in caches.values())
+    return sum(len(entry) for entry in kernel.cache.values())
+
+
+@gpu
+def test_no_recompile_per_batch_size(device):
+    args = make_inputs(SMALL, 1, device)
+    split_qkv_rmsnorm_rope(**args)
+    compiled = _compiled_variants()
+    for tokens in (2, 16, 17, 63, 64, 1000, 4096):
+        split_qkv_rmsnorm_rope(**make_inputs(SMALL, tokens, device))
+    assert _compiled_variants() == compiled
+
+
+@gpu
+def test_cuda_graph_capture(device):
+    args = make_inputs(SMALL, 64, device)
+    expected = split_qkv_rmsnorm_rope(**args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = split_qkv_rmsnorm_rope(**args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], expected[0]) and torch.equal(captured[1], expected[1])
+
+
+@gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,tp", [("Qwen3-8B", 1), ("Qwen3-235B-A22B", 1), ("Qwen3-32B", 8),
+                                     ("Qwen3-Next-80B-A3B", 1), ("GLM-4-9B", 1), ("Phi-3-mini", 1)])
+@pytest.mark.parametrize("tokens", [4097, 16384 + 3])
+def test_large(device, poisoned, backend, name, tp, tokens):
+    run_and_check(make_inputs(model(name).shard(tp), tokens, device), backend)

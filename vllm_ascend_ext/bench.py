@@ -1,0 +1,437 @@
+"""Benchmark of the fused prologue against the unfused eager and ``torch.compile`` paths.
+
+For each geometry of ``ops.models.BENCH_GEOMETRIES`` and each token count it times three
+providers on the detected device:
+
+* ``eager``: the unfused prologue as vLLM runs it natively (split, view, RMSNorm in fp32 cast
+  back, view, RoPE by ``index_select`` of the cache);
+* ``compile``: ``torch.compile`` of that same code;
+* ``ours``: ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`` (out of place).
+
+On CUDA each call is captured in a CUDA graph and its replays are timed with
+``triton.testing.do_bench`` (median, L2 flushed between replays). The floor is the fewest bytes
+the prologue must move (read q and k, write q and k, read one cos/sin row per token) over the
+device-to-device copy bandwidth measured in the same run; the launch floor is an empty Triton
+kernel replayed from a CUDA graph. Before timing, every provider's output is checked against a
+float64 evaluation of the same math.
+
+On CPU the kernel runs through the Triton interpreter: the sizes are small and the timings
+mean nothing for NPU or GPU speed; the run is a correctness and plumbing check.
+
+Usage: ``python scripts/bench_split_qkv_rmsnorm_rope.py [--tokens 1 64 ...] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+PROVIDERS = ("eager", "compile", "ours")
+GPU_TOKENS = (1, 8, 64, 256, 1024, 4096, 16384)
+CPU_TOKENS = (1, 8, 64)
+#: The bar of issue 2, checked at the end of a CUDA run.
+BAR_FLOOR_RATIO = 1.3  # ours <= 1.3 x floor for T >= BAR_LARGE_TOKENS
+BAR_LAUNCH_RATIO = 1.3  # ours <= 1.3 x empty-kernel replay for T <= BAR_SMALL_TOKENS
+BAR_LARGE_TOKENS = 4096
+BAR_SMALL_TOKENS = 64
+CPU_DISCLAIMER = ("CPU run: the kernel ran through the Triton interpreter; these timings mean "
+                  "nothing for NPU or GPU speed.")
+TOLERANCE = {torch.bfloat16: 2.0**-6, torch.float16: 2.0**-9, torch.float32: 1e-5}
+
+
+@dataclass
+class Row:
+    """One (geometry, token count, provider) measurement."""
+
+    model: str
+    tp: int
+    geometry: str
+    tokens: int
+    provider: str
+    us: float
+    max_rel_err: float
+    bytes: int
+    floor_us: float
+    launch_us: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.us / 1e3 if self.us > 0 else float("nan")
+
+
+def detect_device() -> torch.device:
+    """CUDA if present, else an NPU if torch_npu is importable and sees one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    try:  # pragma: no cover - needs torch_npu and CANN
+        import torch_npu  # noqa: F401
+
+        if torch.npu.is_available():
+            return torch.device("npu", torch.npu.current_device())
+    except ImportError:
+        pass
+    return torch.device("cpu")
+
+
+def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                     head_dim, eps, is_neox=True, weight_offset=0.0):
+    """The prologue as vLLM runs it unfused: split -> view -> RMSNorm -> view -> RoPE."""
+    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+
+    def rms_norm(x, weight):
+        if weight is None:
+            return x
+        heads = x.view(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
+        compute = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for the reference
+        xf = heads.to(compute)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        out = xf.to(x.dtype) * (weight_offset + weight.to(compute)).to(x.dtype)
+        return out.view(x.shape)
+
+    q, k = rms_norm(q, q_weight), rms_norm(k, k_weight)
+    rotary_dim = cos_sin_cache.shape[1]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2).to(qkv.dtype), sin.unsqueeze(-2).to(qkv.dtype)
+
+    def rope(x):
+        heads = x.view(x.shape[0], -1, head_dim)
+        rot, tail = heads[..., :rotary_dim], heads[..., rotary_dim:]
+        if is_neox:
+            x1, x2 = rot.chunk(2, dim=-1)
+            rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., ::2], rot[..., 1::2]
+            rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((rot, tail), dim=-1).reshape(x.shape)
+
+    return rope(q), rope(k), v
+
+
+def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int = 0) -> dict:
+    """Random inputs of one geometry (fresh per seed), as the op and the unfused path take them."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    g = geometry
+    weights = [None, None]
+    if g.qk_norm:
+        weights = [torch.randn(g.head_dim, generator=gen).to(device, dtype) for _ in range(2)]
+    max_position = 4096
+    return dict(
+        qkv=torch.randn(tokens, g.qkv_width, generator=gen).to(device, dtype),
+        q_weight=weights[0], k_weight=weights[1],
+        cos_sin_cache=torch.randn(max_position, g.rotary_dim, generator=gen).to(device),
+        positions=torch.randint(0, max_position, (tokens,), generator=gen).to(device),
+        num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
+        eps=g.eps, is_neox=g.is_neox, weight_offset=g.weight_offset,
+    )
+
+
+def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4) -> int:
+    """The fewest bytes the prologue moves: q and k read and written, one cos/sin row a token."""
+    qk = (geometry.num_q_heads + geometry.num_kv_heads) * geometry.head_dim * elem_bytes
+    return tokens * (2 * qk + geometry.rotary_dim * cache_bytes)
+
+
+def _max_rel_err(outputs, reference) -> float:
+    err = 0.0
+    for out, ref in zip(outputs, reference):
+        scale = ref.abs().max().item() or 1.0
+        err = max(err, (out.double() - ref).abs().max().item() / scale)
+    return err
+
+
+class _Timer:
+    """Times one zero-argument callable on a device: microseconds per call."""
+
+    def __init__(self, device: torch.device, reps: int):
+        self.device = device
+        self.reps = reps
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.device.type == "cuda":
+            import triton.testing
+
+            fn()  # compile / warm up outside the graph
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            return 1e3 * triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+        if self.device.type == "npu":  # pragma: no cover - needs an NPU
+            fn()
+            torch.npu.synchronize()
+            times = []
+            for _ in range(self.reps):
+                start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(1e3 * start.elapsed_time(end))
+            return statistics.median(times)
+        fn()
+        times = []
+        for _ in range(self.reps):
+            start = time.perf_counter()
+            fn()
+            times.append(1e6 * (time.perf_counter() - start))
+        return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write) on a 1 GiB buffer (CUDA/NPU)."""
+    if device.type == "cpu":
+        return float("nan")
+    src = torch.empty(1 << 29, dtype=torch.int16, device=device).random_()
+    dst = torch.empty_like(src)
+    us = timer(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (us * 1e-6)
+
+
+def launch_floor(device: torch.device, timer: _Timer) -> float:
+    """Microseconds of an empty Triton kernel, timed like every provider (graph replay on CUDA)."""
+    if device.type == "cpu":
+        return float("nan")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty(ptr):
+        pass
+
+    buf = torch.empty(1, device=device)
+    return timer(lambda: _empty[(1,)](buf))
+
+
+def _providers(names, compiled):
+    from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
+
+    table = {"eager": unfused_prologue, "compile": compiled, "ours": split_qkv_rmsnorm_rope}
+    return {name: table[name] for name in names}
+
+
+def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
+        progress: Callable[[str], None] | None = None, reps: int | None = None) -> dict:
+    """Check and time every (geometry, token count, provider).
+
+    Parameters
+    ----------
+    device : torch.device
+        Where to run (CUDA, NPU or CPU through the Triton interpreter).
+    tokens : sequence of int, optional
+        Token counts (default: ``GPU_TOKENS`` on an accelerator, ``CPU_TOKENS`` on CPU).
+    providers : sequence of str
+        Any of ``PROVIDERS``.
+    geometries : sequence of (model name, tp), optional
+        Default ``ops.models.BENCH_GEOMETRIES``.
+    progress : callable, optional
+        Called with a short label before each measurement.
+    reps : int, optional
+        Repetitions per timing where the device has no graph replay (NPU, CPU).
+
+    Returns
+    -------
+    dict
+        ``{"rows": [Row, ...], "meta": {...}}``; ``meta`` holds the device, the copy bandwidth,
+        the launch floor and the versions.
+    """
+    from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
+
+    is_cpu = device.type == "cpu"
+    tokens = tuple(tokens or (CPU_TOKENS if is_cpu else GPU_TOKENS))
+    geometries = tuple(geometries or BENCH_GEOMETRIES)
+    timer = _Timer(device, reps or (3 if is_cpu else 50))
+    if "compile" in providers:
+        import torch._dynamo as dynamo
+
+        # One static graph per (geometry, token count): raise the recompile limit so none of
+        # them silently falls back to eager.
+        dynamo.config.cache_size_limit = 4096
+        if hasattr(dynamo.config, "accumulated_cache_size_limit"):
+            dynamo.config.accumulated_cache_size_limit = 4096
+    compiled = torch.compile(unfused_prologue, dynamic=False) if "compile" in providers else None
+    fns = _providers(providers, compiled)
+    bandwidth = copy_bandwidth(device, timer)
+    launch = launch_floor(device, timer)
+    rows = []
+    for name, tp in geometries:
+        geometry = model(name).shard(tp)
+        for count in tokens:
+            args = make_inputs(geometry, count, device, seed=count)
+            ref = unfused_prologue(**{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                                      else v for k, v in args.items()})[:2]
+            nbytes = bytes_moved(geometry, count)
+            floor = nbytes / bandwidth * 1e6 if bandwidth == bandwidth else float("nan")
+            for provider, fn in fns.items():
+                if progress:
+                    progress(f"{name} tp{tp} T={count} {provider}")
+                err = _max_rel_err(fn(**args)[:2], ref)
+                us = timer(lambda: fn(**args))
+                rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch))
+    meta = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch,
+        "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
+        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+    }
+    return {"rows": rows, "meta": meta}
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "absent"
+
+
+def check_rows(rows) -> list[str]:
+    """Rows whose provider output is further from float64 than the dtype allows (bf16 inputs)."""
+    limit = TOLERANCE[torch.bfloat16]
+    return [f"{r.model} tp{r.tp} T={r.tokens} {r.provider}: rel err {r.max_rel_err:.2e} > {limit:.1e}"
+            for r in rows if r.provider == "ours" and not r.max_rel_err <= limit]
+
+
+def format_table(result: dict) -> str:
+    """The table: µs per provider, our GB/s, ours/floor, ours/launch floor, compile/ours."""
+    rows, meta = result["rows"], result["meta"]
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault((r.model, r.tp, r.geometry, r.tokens), {})[r.provider] = r
+    providers = [p for p in PROVIDERS if any(p in v for v in by_key.values())]
+    head = f"{'geometry':24} {'T':>6} " + " ".join(f"{p + ' us':>11}" for p in providers)
+    head += f" {'ours GB/s':>10} {'floor us':>9} {'ours/floor':>10} {'ours/launch':>11} {'compile/ours':>12} {'err':>8}"
+    lines = [f"device {meta['device']}: copy {meta['copy_bandwidth_GBps']:.0f} GB/s, "
+             f"empty-kernel replay {meta['launch_floor_us']:.2f} us", head]
+    for (model_name, tp, label, count), cells in by_key.items():
+        ours = cells.get("ours")
+        line = f"{label:24} {count:6d} " + " ".join(f"{cells[p].us:11.2f}" for p in providers)
+        if ours:
+            compile_ratio = cells["compile"].us / ours.us if "compile" in cells else float("nan")
+            line += (f" {ours.gbps:10.1f} {ours.floor_us:9.2f} {ours.us / ours.floor_us:10.2f}"
+                     f" {ours.us / ours.launch_us:11.2f} {compile_ratio:12.2f} {ours.max_rel_err:8.1e}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def bar_verdict(result: dict) -> list[str]:
+    """Issue 2's bar, line by line (CUDA runs): floor ratio, launch ratio, ours vs compile."""
+    rows = [r for r in result["rows"] if r.provider == "ours"]
+    compile_us = {(r.model, r.tp, r.tokens): r.us for r in result["rows"] if r.provider == "compile"}
+    large = [r.us / r.floor_us for r in rows if r.tokens >= BAR_LARGE_TOKENS]
+    small = [r.us / r.launch_us for r in rows if r.tokens <= BAR_SMALL_TOKENS]
+    slower = [f"{r.geometry} T={r.tokens}" for r in rows
+              if (r.model, r.tp, r.tokens) in compile_us and r.us >= compile_us[(r.model, r.tp, r.tokens)]]
+    out = []
+    if large:
+        out.append(f"T>={BAR_LARGE_TOKENS}: worst ours/floor {max(large):.2f} "
+                   f"({'PASS' if max(large) <= BAR_FLOOR_RATIO else 'FAIL'} <= {BAR_FLOOR_RATIO})")
+    if small:
+        out.append(f"T<={BAR_SMALL_TOKENS}: worst ours/launch {max(small):.2f} "
+                   f"({'PASS' if max(small) <= BAR_LAUNCH_RATIO else 'FAIL'} <= {BAR_LAUNCH_RATIO})")
+    if compile_us:
+        out.append("ours faster than torch.compile at every T: "
+                   + ("PASS" if not slower else "FAIL (" + ", ".join(slower) + ")"))
+    return out
+
+
+def write_outputs(result: dict, out_dir: Path) -> list[Path]:
+    """CSV and JSON of every row, and a PNG (bandwidth vs tokens per provider, with the floor)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"]
+    fields = list(asdict(rows[0])) + ["gbps"] if rows else []
+    csv_path, json_path = out_dir / "bench_split_qkv_rmsnorm_rope.csv", out_dir / "bench_split_qkv_rmsnorm_rope.json"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(asdict(r) | {"gbps": r.gbps})
+    json_path.write_text(json.dumps({"meta": result["meta"],
+                                     "rows": [asdict(r) | {"gbps": r.gbps} for r in rows]}, indent=1))
+    paths = [csv_path, json_path]
+    png = plot(result, out_dir / "bench_split_qkv_rmsnorm_rope.png")
+    if png:
+        paths.append(png)
+    return paths
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    """Bandwidth (GB/s) vs tokens, one panel per geometry, one line per provider, and the copy
+    bandwidth as the ceiling. Returns ``None`` when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result["rows"]
+    labels = list(dict.fromkeys(r.geometry for r in rows))
+    fig, axes = plt.subplots(1, len(labels), figsize=(4.2 * len(labels), 3.6), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        for provider in PROVIDERS:
+            pts = [(r.tokens, r.gbps) for r in rows if r.geometry == label and r.provider == provider]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=provider)
+        ceiling = result["meta"]["copy_bandwidth_GBps"]
+        if ceiling == ceiling:
+            ax.axhline(ceiling, color="gray", linestyle="--", label="copy bandwidth (floor)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(label)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("GB/s (min bytes / time)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"split_qkv_rmsnorm_rope on {result['meta']['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
+    """Command-line entry; returns the exit status (1 when a check fails)."""
+    parser = argparse.ArgumentParser(description="Check and time split_qkv_rmsnorm_rope against "
+                                     "the unfused eager and torch.compile paths.")
+    parser.add_argument("--tokens", type=int, nargs="+", help="token counts (default by device)")
+    parser.add_argument("--providers", nargs="+", choices=PROVIDERS, help="default: all on an "
+                        "accelerator, eager and ours on CPU")
+    parser.add_argument("--out", type=Path, default=Path("results/bench"), help="output folder")
+    parser.add_argument("--device", help="cuda, npu or cpu (default: detected)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device) if args.device else detect_device()
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if os.environ["TRITON_INTERPRET"] != "1":
+            print("CPU run needs TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+    providers = tuple(args.providers or (("eager", "ours") if device.type == "cpu" else PROVIDERS))
+    if any(t < 0 for t in args.tokens or ()):
+        print("--tokens must be non-negative", file=sys.stderr)
+        return 2
+    result = run(device, args.tokens, providers, progress=progress)
+    print(format_table(result))
+    for line in bar_verdict(result) if device.type == "cuda" else []:
+        print("bar: " + line)
+    if device.type == "cpu":
+        print(CPU_DISCLAIMER)
+    paths = write_outputs(result, args.out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    failures = check_rows(result["rows"])
+    for line in failures:
+        print("CHECK FAILED: " + line)
+    return 1 if failures else 0
