@@ -1,0 +1,87 @@
+"""VLLM_ASCEND_EXT_IMPL and the Triton/AscendC choice (vllm_ascend_ext.impl)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from vllm_ascend_ext import impl
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv(impl.ENV_IMPL, raising=False)
+    monkeypatch.setattr(impl, "_triton_failures", {})
+    monkeypatch.setattr(impl, "_warned", set())
+
+
+def test_invalid_env_names_the_variable(monkeypatch):
+    monkeypatch.setenv(impl.ENV_IMPL, "cuda")
+    with pytest.raises(ValueError, match=impl.ENV_IMPL):
+        impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128)
+
+
+def test_forced_triton(monkeypatch):
+    monkeypatch.setenv(impl.ENV_IMPL, "triton")
+    assert impl.choose_impl(CPU, dtype=torch.float32, head_dim=512).impl == "triton"
+
+
+def test_auto_prefers_triton(monkeypatch, host_sim):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128).impl == "triton"
+
+
+def test_auto_falls_back_once_with_the_reason(monkeypatch, host_sim, caplog):
+    key = impl.geometry_key(32, 8, 128, 128, torch.bfloat16, True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    impl.record_triton_failure(key, "ub overflow at compile time")
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend_ext"):
+        for _ in range(3):
+            choice = impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, key=key)
+            assert choice.impl == "ascendc" and "ub overflow" in choice.reason
+    assert len([r for r in caplog.records if "falls back to the AscendC kernel" in r.message]) == 1
+
+
+def test_auto_raises_when_neither_can_serve(monkeypatch, host_sim):
+    key = impl.geometry_key(8, 1, 320, 320, torch.bfloat16, True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    impl.record_triton_failure(key, "boom")
+    with pytest.raises(RuntimeError, match=r"\(the Triton kernel failed for this geometry: boom\).*head_dim <= 256"):
+        impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=320, key=key)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dtype=torch.float32, head_dim=128), "bf16/fp16"),
+    (dict(dtype=torch.bfloat16, head_dim=320), "head_dim <= 256"),
+    (dict(dtype=torch.bfloat16, head_dim=128, weight_dtypes=(torch.float32,)), "qkv's dtype"),
+])
+def test_forced_ascendc_names_its_limits(monkeypatch, host_sim, kwargs, match):
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    with pytest.raises(RuntimeError, match=match):
+        impl.choose_impl(CPU, **kwargs)
+
+
+def test_forced_ascendc_without_the_library_on_npu(monkeypatch):
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", "/nonexistent/libvllm_ascend_ext_ascendc.so")
+    from vllm_ascend_ext import ascendc
+
+    ascendc.load_npu_library.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="was not built"):
+            impl.choose_impl(torch.device("privateuseone"), dtype=torch.bfloat16, head_dim=128)
+    finally:
+        ascendc.load_npu_library.cache_clear()
+
+
+def test_selected_callable_runs_the_ascendc_kernel(monkeypatch, host_sim):
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    run = impl.select_split_qkv_rmsnorm_rope()
+    qkv = torch.randn(3, 4 * 64).bfloat16()
+    cache = torch.randn(8, 64)
+    q, k, v = run(qkv, None, None, cache, torch.arange(3), 2, 1, 64)
+    assert host_sim.tiling.numTokens == 3 and q.shape == (3, 128) and v.shape == (3, 64)

@@ -1,0 +1,214 @@
+"""Which implementation of ``split_qkv_rmsnorm_rope`` runs: the Triton op or the AscendC kernel.
+
+One decision, in :func:`choose_impl`, driven by ``VLLM_ASCEND_EXT_IMPL``:
+
+``auto`` (default)
+    Triton when it can serve the call; otherwise the AscendC kernel, with one warning per
+    distinct reason. Triton cannot serve when it is not installed, when the device is an NPU and
+    the installed Triton is not triton-ascend, on CPU tensors without ``TRITON_INTERPRET=1``, or
+    for a geometry whose Triton compile failed (:func:`record_triton_failure`, called by the
+    worker hook when it precompiles).
+``triton``
+    Always the Triton op.
+``ascendc``
+    Always the AscendC kernel; ``RuntimeError`` naming the reason when it cannot serve the call.
+
+The AscendC kernel serves bf16/fp16 qkv with weights and biases of the same dtype, NeoX and
+GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``; it needs the
+CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
+op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
+
+:func:`select_split_qkv_rmsnorm_rope` returns the callable the custom ops
+(:mod:`vllm_ascend_ext.custom_ops`) run: the Triton op's signature, deciding per call from
+tensor metadata only (no device access, no host sync).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ENV_IMPL",
+    "IMPLS",
+    "Choice",
+    "ascendc_unavailable_reason",
+    "choose_impl",
+    "record_triton_failure",
+    "requested_impl",
+    "select_split_qkv_rmsnorm_rope",
+    "triton_unavailable_reason",
+]
+
+ENV_IMPL = "VLLM_ASCEND_EXT_IMPL"
+IMPLS = ("auto", "triton", "ascendc")
+
+logger = logging.getLogger("vllm_ascend_ext")
+
+_triton_failures: dict[tuple, str] = {}
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The implementation picked for a call, and why."""
+
+    impl: str  # "triton" or "ascendc"
+    reason: str
+
+
+def requested_impl() -> str:
+    """``VLLM_ASCEND_EXT_IMPL`` (default ``auto``); ``ValueError`` naming it when invalid."""
+    value = os.environ.get(ENV_IMPL, "auto").strip().lower() or "auto"
+    if value not in IMPLS:
+        raise ValueError(f"{ENV_IMPL}={value!r}: expected one of {', '.join(IMPLS)}")
+    return value
+
+
+def geometry_key(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, dtype: torch.dtype,
+                 is_neox: bool) -> tuple:
+    """The key under which a Triton compile failure is recorded."""
+    return (num_q_heads, num_kv_heads, head_dim, rotary_dim, str(dtype), bool(is_neox))
+
+
+def record_triton_failure(key: tuple, reason: str) -> None:
+    """Remember that the Triton kernel failed for ``key`` (:func:`geometry_key`): ``auto`` then
+    serves that geometry with AscendC."""
+    _triton_failures[key] = reason
+
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_is_ascend() -> bool:
+    try:
+        importlib.metadata.distribution("triton-ascend")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def triton_unavailable_reason(device: torch.device, key: tuple | None = None) -> str | None:
+    """Why the Triton op cannot serve a call on ``device`` (``None`` when it can)."""
+    if not _triton_installed():
+        return "triton is not installed"
+    kind = torch.device(device).type
+    if kind in ("npu", "privateuseone") and not _triton_is_ascend():
+        return "the installed triton is not triton-ascend, which NPU tensors need"
+    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)"
+    if key is not None and key in _triton_failures:
+        return f"the Triton kernel failed for this geometry: {_triton_failures[key]}"
+    return None
+
+
+def _dispatch_key(device: torch.device) -> str:
+    kind = torch.device(device).type
+    return {"cpu": "CPU", "cuda": "CUDA"}.get(kind, "PrivateUse1")
+
+
+def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head_dim: int,
+                               weight_dtypes: tuple[torch.dtype, ...] = (),
+                               cache_dtype: torch.dtype | None = None) -> str | None:
+    """Why the AscendC kernel cannot serve a call (``None`` when it can).
+
+    It needs an implementation for the device's dispatch key (on an NPU: the CANN-built library,
+    loaded here on first use) and a call within its feature limits.
+    """
+    from . import ascendc
+
+    reason = ascendc.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype)
+    if reason is not None:
+        return reason
+    key = _dispatch_key(device)
+    if key == "PrivateUse1" and not ascendc.load_npu_library():
+        return (f"the AscendC library {ascendc.LIBRARY_NAME} was not built (no CANN at install time; "
+                f"or set {ascendc.ENV_LIBRARY})")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(
+            "vllm_ascend_ext::split_qkv_rmsnorm_rope_ascendc", key):
+        return f"the AscendC kernel has no {key} implementation (it runs on Ascend NPUs)"
+    return None
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key: tuple | None = None,
+                weight_dtypes: tuple[torch.dtype, ...] = (), cache_dtype: torch.dtype | None = None) -> Choice:
+    """Pick Triton or AscendC for one call (the one selection function).
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the tensors live.
+    dtype : torch.dtype
+        qkv's dtype.
+    head_dim : int
+        ``D``.
+    key : tuple, optional
+        :func:`geometry_key` of the call, to honour recorded Triton failures.
+    weight_dtypes : tuple of torch.dtype
+        Dtypes of the weights and biases passed.
+    cache_dtype : torch.dtype, optional
+        The cos/sin cache's dtype.
+
+    Returns
+    -------
+    Choice
+
+    Raises
+    ------
+    ValueError
+        If ``VLLM_ASCEND_EXT_IMPL`` is invalid.
+    RuntimeError
+        If ``ascendc`` is requested and cannot serve the call, or ``auto`` finds neither usable.
+    """
+    mode = requested_impl()
+    if mode == "triton":
+        return Choice("triton", f"{ENV_IMPL}=triton")
+    ascendc_reason = ascendc_unavailable_reason(device, dtype=dtype, head_dim=head_dim,
+                                                weight_dtypes=weight_dtypes, cache_dtype=cache_dtype)
+    if mode == "ascendc":
+        if ascendc_reason is not None:
+            raise RuntimeError(f"{ENV_IMPL}=ascendc, but {ascendc_reason}")
+        return Choice("ascendc", f"{ENV_IMPL}=ascendc")
+    triton_reason = triton_unavailable_reason(device, key)
+    if triton_reason is None:
+        return Choice("triton", "auto: Triton can serve the call")
+    if ascendc_reason is None:
+        _warn_once(f"vllm_ascend_ext: split_qkv_rmsnorm_rope falls back to the AscendC kernel: {triton_reason}")
+        return Choice("ascendc", f"auto: {triton_reason}")
+    raise RuntimeError(f"split_qkv_rmsnorm_rope: Triton cannot serve this call ({triton_reason}) "
+                       f"and neither can the AscendC kernel ({ascendc_reason})")
+
+
+def _run(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+         is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False):
+    """The Triton op's API, routed by :func:`choose_impl`."""
+    if not isinstance(qkv, torch.Tensor) or not isinstance(cos_sin_cache, torch.Tensor):
+        raise ValueError("qkv and cos_sin_cache must be tensors")
+    weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if isinstance(t, torch.Tensor))
+    rotary_dim = cos_sin_cache.shape[-1] if cos_sin_cache.dim() else 0
+    choice = choose_impl(qkv.device, dtype=qkv.dtype, head_dim=head_dim, weight_dtypes=weights,
+                         cache_dtype=cos_sin_cache.dtype,
+                         key=geometry_key(num_q_heads, num_kv_heads, head_dim, rotary_dim, qkv.dtype, is_neox))
+    if choice.impl == "ascendc":
+        from .ascendc import split_qkv_rmsnorm_rope as op
+    else:
+        op = importlib.import_module("vllm_ascend_ext.ops").split_qkv_rmsnorm_rope
+    return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+              is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+
+
+def select_split_qkv_rmsnorm_rope():
+    """The callable the custom ops run: the Triton op's signature, implementation chosen per call."""
+    return _run
