@@ -175,15 +175,15 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
     mode = requested_impl()
     if mode == "triton":
         return Choice("triton", f"{ENV_IMPL}=triton")
+    triton_reason = triton_unavailable_reason(device, key) if mode == "auto" else None
+    if mode == "auto" and triton_reason is None:
+        return Choice("triton", "auto: Triton can serve the call")
     ascendc_reason = ascendc_unavailable_reason(device, dtype=dtype, head_dim=head_dim,
                                                 weight_dtypes=weight_dtypes, cache_dtype=cache_dtype)
     if mode == "ascendc":
         if ascendc_reason is not None:
             raise RuntimeError(f"{ENV_IMPL}=ascendc, but {ascendc_reason}")
         return Choice("ascendc", f"{ENV_IMPL}=ascendc")
-    triton_reason = triton_unavailable_reason(device, key)
-    if triton_reason is None:
-        return Choice("triton", "auto: Triton can serve the call")
     if ascendc_reason is None:
         _warn_once(f"vllm_ascend_ext: split_qkv_rmsnorm_rope falls back to the AscendC kernel: {triton_reason}")
         return Choice("ascendc", f"auto: {triton_reason}")

@@ -237,7 +237,7 @@ private:
 
         AscendC::LocalTensor<TC> cs = inQueCs_.DeQue<TC>();
         for (uint32_t t = 0; t < tl.nt; ++t) {
-            if constexpr (AscendC::IsSameType<TC, float>::value) {
+            if constexpr (std::is_same_v<TC, float>) {
                 AscendC::Adds(csx[t * csw_], cs[t * cachePitch_], 0.0f, R_);
             } else {
                 AscendC::Cast(csx[t * csw_], cs[t * cachePitch_], AscendC::RoundMode::CAST_NONE, R_);
