@@ -80,11 +80,14 @@ class Backend:
         One sentence saying why this backend was chosen over the others.
     device : str
         The torch device string the op would use (``"npu:0"``, ``"cuda:0"``, ``"cpu"``).
+    forced : bool
+        Chosen with ``--backend`` rather than found: the device may not exist here.
     """
 
     name: str
     reason: str
     device: str
+    forced: bool = False
 
 
 def _npu_available() -> tuple[bool, str]:
@@ -130,7 +133,7 @@ def detect_backend(forced: str | None = None) -> Backend:
         if forced not in BACKENDS:
             raise CliError(f"--backend must be one of {', '.join(BACKENDS)}, got {forced!r}")
         device = {"npu": "npu:0", "cuda": "cuda:0", "cpu": "cpu"}[forced]
-        return Backend(forced, "chosen with --backend", device)
+        return Backend(forced, "chosen with --backend", device, forced=True)
     npu_ok, npu_why = _npu_available()
     if npu_ok:
         return Backend("npu", npu_why, "npu:0")

@@ -186,7 +186,7 @@ def _facts_checks(backend: Backend) -> list[Check]:
                       "install triton (see above)")]
     checks = []
     try:
-        ascend = device.ascend_facts(0 if backend.name == "npu" else None)
+        ascend = device.ascend_facts(0 if backend.name == "npu" and not backend.forced else None)
         where = "this NPU" if ascend.source == "device" else f"target SoC, from {ascend.source} (no NPU attached)"
         checks.append(Check(INFO, "Ascend facts", f"{ascend.soc}: {ascend.num_vector_cores} vector cores, "
                             f"{ascend.ub_bytes} B UB per core ({ascend.ub_bytes // 1024} KiB); {where}"))
@@ -195,7 +195,7 @@ def _facts_checks(backend: Backend) -> list[Check]:
                             f"set {device.ENV_SOC} to a known SoC or {device.ENV_VECTOR_CORES} and "
                             f"{device.ENV_UB_BYTES}"))
     try:
-        cuda = device.cuda_facts(0 if backend.name == "cuda" else None)
+        cuda = device.cuda_facts(0 if backend.name == "cuda" and not backend.forced else None)
         where = "this GPU" if cuda.source == "device" else f"planning target, from {cuda.source} (no GPU attached)"
         checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs; {where}"))
     except Exception as exc:
@@ -244,6 +244,43 @@ def _ascendc_check(backend: Backend) -> Check:
                  fix.format(env="VLLM_ASCEND_EXT_ASCENDC_LIB", lib="library"))
 
 
+def _impl_check(backend: Backend) -> Check:
+    """Which implementation (Triton or AscendC) ``vllm_ascend_ext.impl`` picks for a typical call.
+
+    Asked for a bf16 call with head_dim 128 on the backend's device, with the Triton interpreter
+    on for the CPU backend (as ``bench`` runs it).
+    """
+    try:
+        has_module = importlib.util.find_spec("vllm_ascend_ext.impl") is not None
+    except (ImportError, ValueError):
+        has_module = False
+    if not has_module:
+        return Check(INFO, "implementation", "vllm_ascend_ext.impl is not installed: the Triton op is called directly")
+    if backend.forced and backend.name != "cpu":
+        return Check(INFO, "implementation", f"not asked: --backend {backend.name} names a device this "
+                     "process has not found")
+    saved = os.environ.get("TRITON_INTERPRET")
+    try:
+        if backend.name == "cpu":
+            os.environ["TRITON_INTERPRET"] = "1"
+        import torch
+
+        from .. import impl
+
+        choice = impl.choose_impl(torch.device(backend.device), dtype=torch.bfloat16, head_dim=128)
+    except Exception as exc:
+        return Check(WRONG, "implementation", f"no implementation serves a bf16, head_dim 128 call on "
+                     f"{backend.device}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                     "install what the triton and AscendC lines above ask for")
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return Check(OK, "implementation", f"{choice.impl} for a bf16, head_dim 128 call on {backend.device} "
+                 f"({choice.reason}; {getattr(impl, 'ENV_IMPL', 'VLLM_ASCEND_EXT_IMPL')} selects)")
+
+
 def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
     """Run every check.
 
@@ -269,6 +306,7 @@ def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
         *_vllm_checks(backend),
         *_facts_checks(backend),
         _ascendc_check(backend),
+        _impl_check(backend),
     ]
     if backend.name == "cpu":
         checks.append(Check(INFO, "timings", "CPU timings through the Triton interpreter mean "
