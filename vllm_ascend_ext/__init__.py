@@ -5,3 +5,15 @@ nothing from vLLM, vllm-ascend or torch_npu at import time.
 """
 
 __version__ = "0.1.0"
+
+
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group: hook the fused prologue into vLLM.
+
+    Idempotent (vLLM loads plugins in every process, possibly more than once). Imports vLLM
+    only when called, and nothing from vllm-ascend or torch_npu unless that platform is active.
+    ``VLLM_ASCEND_EXT_FUSION=0`` turns it off. See ``docs/vllm-integration.md``.
+    """
+    from .vllm_integration import register as _register
+
+    _register()

@@ -1,0 +1,485 @@
+"""The TorchInductor pass that rewrites the attention prologue into one fused op.
+
+What it matches
+---------------
+vLLM's attention prologue as it reaches Inductor's post-grad custom pass::
+
+    q, k, v = qkv.split([Hq*D, Hkv*D, Hkv*D], -1)
+    q, k    = per-head RMSNorm of q and k (eps, weight)           # Qwen3; absent for Llama/Qwen2
+    q, k    = rotary embedding of q and k (positions, cos_sin_cache, R, NeoX or GPT-J)
+
+and replaces it with ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope`` (``v`` stays the
+slice of ``qkv`` it was). One pattern is registered per distinct geometry (Hq, Hkv, D, R, eps,
+style) and per *form* the graph can take, because each piece reaches the graph in one of
+several spellings:
+
+=================  ==========================================================================
+norm form          graph spelling
+=================  ==========================================================================
+``native``         vLLM's ``rms_norm`` native implementation, decomposed (fp32 cast, pow, mean,
+                   add eps, rsqrt, mul, cast, mul weight). vLLM-CPU emits this.
+``vllm_ir``        ``torch.ops.vllm_ir.rms_norm(x, w, eps, None)`` (vLLM IR op, torch-wrapped;
+                   vLLM's CUDA default, lowered after this pass).
+``npu``            ``torch.ops.npu.npu_rms_norm(x, w, eps) -> (y, rstd)`` (torch_npu, vllm-ascend).
+``None``           no q/k norm (Llama, Qwen2): split + RoPE only, the op runs with weights None.
+=================  ==========================================================================
+
+=================  ==========================================================================
+rope form          graph spelling
+=================  ==========================================================================
+``native``         ``RotaryEmbedding.forward_static`` decomposed (index cache by positions,
+                   chunk cos/sin, rotate halves or pairs, cat), on ``[T, H, D]`` views. After
+                   Inductor's view simplification the norm output feeds it directly.
+``vllm_c``         ``torch.ops._C.rotary_embedding(positions, q, k, D, cache, is_neox)``: vLLM's
+                   in-place custom op (``+rotary_embedding``), auto-functionalised in the graph.
+``npu``            ``torch.ops.vllm.npu_rotary_embedding(positions, q, k, cache, D, R, is_neox)
+                   -> (q, k)`` (vllm-ascend's functional custom op).
+=================  ==========================================================================
+
+Forms whose ops are not loaded in this process are skipped, so importing and running the pass
+needs only torch. The ops of a form can be swapped for stand-ins with the same schemas (see
+:mod:`vllm_ascend_ext.ascend_standins`): that is how the vllm-ascend form is tested where
+torch_npu cannot load.
+
+Each pattern's literal arguments (split sizes, head counts, eps, R) are checked exactly by the
+pattern matcher when a candidate is found (it re-traces the pattern on the candidate's own
+inputs), so a near miss (another eps, another head count) is left alone.
+
+Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues``, where M
+counts the qkv splits in the graph that look like an attention prologue (three parts, the last
+two equal; when geometries are given, of one of their widths) and N those rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch._inductor.pattern_matcher as pm
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from . import custom_ops
+from .ops.models import AttentionGeometry
+
+__all__ = [
+    "NormForm",
+    "RopeForm",
+    "QKNormRoPEFusionPass",
+    "available_forms",
+    "count_prologue_candidates",
+    "native_rms_norm",
+    "native_rope",
+]
+
+logger = logging.getLogger(__name__)
+
+LOG_FORMAT = "vllm_ascend_ext: fused %d/%d attention prologues"
+
+#: Tokens of the example inputs the patterns are traced with (any value > 1 works).
+_EXAMPLE_TOKENS = 5
+#: Rows of the example cos/sin cache.
+_EXAMPLE_POSITIONS = 64
+
+
+# --------------------------------------------------------------------------------------------
+# The native spellings, written as vLLM 0.32 writes them (vllm/ir/ops/layernorm.py rms_norm and
+# vllm/model_executor/layers/rotary_embedding RotaryEmbedding.forward_static / ApplyRotaryEmb),
+# so that their traces decompose to the same aten graph.
+# --------------------------------------------------------------------------------------------
+
+
+def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM's native RMSNorm: fp32 statistics, cast to the weight's dtype, times the weight."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    x = x.to(weight.dtype) * weight
+    return x.to(orig_dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    if is_neox:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    else:
+        x1 = x[..., ::2]
+        x2 = x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                cos_sin_cache: torch.Tensor, head_dim: int, rotary_dim: int,
+                is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's native rotary embedding on ``[T, H, D]`` q and k (returned in that shape).
+
+    When ``rotary_dim == head_dim`` the pass-through slice is empty and Inductor drops it
+    (and the cat with it), so it is not spelled here either.
+    """
+    positions = positions.flatten()
+    cos_sin = cos_sin_cache.index_select(0, positions)
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    outs = []
+    for x in (query, key):
+        if rotary_dim < head_dim:
+            rot = _rotate(x[..., :rotary_dim], cos, sin, is_neox)
+            x = torch.cat((rot, x[..., rotary_dim:]), dim=-1)
+        else:
+            x = _rotate(x, cos, sin, is_neox)
+        outs.append(x)
+    return outs[0], outs[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Forms
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NormForm:
+    """One spelling of the per-head RMSNorm: ``apply(x, weight, eps) -> y`` (same shape)."""
+
+    name: str
+    apply: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RopeForm:
+    """One spelling of the rotary embedding.
+
+    ``apply(positions, q, k, cos_sin_cache, head_dim, rotary_dim, is_neox) -> (q, k)``. A
+    ``native`` form takes and returns ``[T, H, D]`` tensors; the custom-op forms take and return
+    ``[T, H*D]``.
+    """
+
+    name: str
+    apply: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    native: bool = False
+
+
+def _op(namespace: str, name: str):
+    """``torch.ops.<namespace>.<name>.default`` when that op is loaded, else ``None``."""
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def vllm_ir_norm_form() -> NormForm | None:
+    """``torch.ops.vllm_ir.rms_norm`` (present once vLLM is imported)."""
+    op = _op("vllm_ir", "rms_norm")
+    if op is None:
+        return None
+    return NormForm("vllm_ir", lambda x, w, eps: op(x, w, eps, None))
+
+
+def vllm_c_rope_form() -> RopeForm | None:
+    """``torch.ops._C.rotary_embedding`` (vLLM's compiled ops, in place on q and k)."""
+    op = _op("_C", "rotary_embedding")
+    if op is None:
+        return None
+
+    def apply(positions, q, k, cache, head_dim, rotary_dim, is_neox):
+        op(positions, q, k, head_dim, cache, is_neox)
+        return q, k
+
+    return RopeForm("vllm_c", apply)
+
+
+def npu_forms(rms_norm_op=None, rope_op=None) -> tuple[NormForm, RopeForm] | None:
+    """vllm-ascend's spelling: ``npu_rms_norm`` + ``npu_rotary_embedding``.
+
+    Parameters
+    ----------
+    rms_norm_op, rope_op : OpOverload or None
+        The ops to match. Default: ``torch.ops.npu.npu_rms_norm`` and
+        ``torch.ops.vllm.npu_rotary_embedding`` when loaded (torch_npu and vllm-ascend). Tests
+        pass the stand-ins of :mod:`vllm_ascend_ext.ascend_standins`.
+
+    Returns
+    -------
+    (NormForm, RopeForm) or None
+        ``None`` when the ops are not loaded.
+    """
+    norm_op = rms_norm_op or _op("npu", "npu_rms_norm")
+    rot_op = rope_op or _op("vllm", "npu_rotary_embedding")
+    if norm_op is None or rot_op is None:
+        return None
+    norm = NormForm("npu", lambda x, w, eps: norm_op(x, w, eps)[0])
+    rope = RopeForm("npu", lambda positions, q, k, cache, d, r, neox: tuple(
+        rot_op(positions, q, k, cache, d, r, neox)))
+    return norm, rope
+
+
+NATIVE_NORM = NormForm("native", native_rms_norm)
+NATIVE_ROPE = RopeForm("native", native_rope, native=True)
+
+
+def available_forms() -> list[tuple[NormForm | None, RopeForm]]:
+    """Every (norm, rope) spelling whose ops are loaded in this process.
+
+    The native forms always; vLLM's custom-op forms once vLLM's ops are loaded; vllm-ascend's
+    when torch_npu and vllm-ascend are. ``None`` as the norm means the no-norm prologue.
+    """
+    norms: list[NormForm | None] = [NATIVE_NORM]
+    ropes: list[RopeForm] = [NATIVE_ROPE]
+    if (form := vllm_ir_norm_form()) is not None:
+        norms.append(form)
+    if (form := vllm_c_rope_form()) is not None:
+        ropes.append(form)
+    combos: list[tuple[NormForm | None, RopeForm]] = [(n, r) for r in ropes for n in [*norms, None]]
+    if (npu := npu_forms()) is not None:
+        combos += [(npu[0], npu[1]), (None, npu[1])]
+    return combos
+
+
+# --------------------------------------------------------------------------------------------
+# Patterns
+# --------------------------------------------------------------------------------------------
+
+
+def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
+    """The search and replacement functions of one (geometry, form)."""
+    d, r, hq, hkv = geo.head_dim, geo.rotary_dim, geo.num_q_heads, geo.num_kv_heads
+    q_size, kv_size = hq * d, hkv * d
+    eps, neox = geo.eps, geo.is_neox
+    fused = custom_ops.functional_op()
+
+    def split(qkv):
+        try:
+            return qkv.split([q_size, kv_size, kv_size], dim=-1)
+        except (ValueError, RuntimeError) as exc:  # the matcher reads RuntimeError as "no match"
+            raise RuntimeError(str(exc)) from exc
+
+    def by_head(x):
+        return x.view(*x.shape[:-1], x.shape[-1] // d, d)
+
+    def finish(positions, q, k, cache):
+        return rope.apply(positions, q, k, cache, d, r, neox)
+
+    def shaped(q, k):
+        if rope.native:
+            return q.view(-1, hq, d), k.view(-1, hkv, d)
+        return q, k
+
+    if norm is not None:
+
+        def search(qkv, positions, cos_sin_cache, q_weight, k_weight):
+            q, k, v = split(qkv)
+            qn = norm.apply(by_head(q), q_weight, eps)
+            kn = norm.apply(by_head(k), k_weight, eps)
+            if not rope.native:
+                qn, kn = qn.view(q.shape), kn.view(k.shape)
+            q_out, k_out = finish(positions, qn, kn, cos_sin_cache)
+            return q_out, k_out, v
+
+        def replace(qkv, positions, cos_sin_cache, q_weight, k_weight):
+            q, k = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d, eps,
+                         is_neox=neox)
+            q, k = shaped(q, k)
+            return q, k, split(qkv)[2]
+
+    else:
+
+        def search(qkv, positions, cos_sin_cache):
+            q, k, v = split(qkv)
+            if rope.native:
+                tokens = positions.flatten().shape[0]
+                q, k = q.view(tokens, -1, d), k.view(tokens, -1, d)
+            q_out, k_out = finish(positions, q, k, cos_sin_cache)
+            return q_out, k_out, v
+
+        def replace(qkv, positions, cos_sin_cache):
+            q, k = fused(qkv, None, None, cos_sin_cache, positions, hq, hkv, d, 0.0, is_neox=neox)
+            q, k = shaped(q, k)
+            return q, k, split(qkv)[2]
+
+    return search, replace
+
+
+def _example_inputs(geo: AttentionGeometry, with_norm: bool, dtype: torch.dtype) -> list[torch.Tensor]:
+    t, d = _EXAMPLE_TOKENS, geo.head_dim
+    inputs = [
+        torch.empty(t, geo.qkv_width, dtype=dtype),
+        torch.empty(t, dtype=torch.int64),
+        torch.empty(_EXAMPLE_POSITIONS, geo.rotary_dim, dtype=dtype),
+    ]
+    if with_norm:
+        inputs += [torch.empty(d, dtype=dtype), torch.empty(d, dtype=dtype)]
+    return inputs
+
+
+def count_prologue_candidates(graph: torch.fx.Graph,
+                              geometries: Iterable[AttentionGeometry] = ()) -> int:
+    """Attention prologues in ``graph``: qkv splits into three parts, the last two equal.
+
+    With ``geometries``, only splits of one of their widths ``[Hq*D, Hkv*D, Hkv*D]`` count.
+    """
+    widths = {(g.num_q_heads * g.head_dim, g.num_kv_heads * g.head_dim) for g in geometries}
+    count = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.split_with_sizes.default:
+            continue
+        sizes = node.args[1]
+        if not isinstance(sizes, (list, tuple)) or len(sizes) != 3 or not all(
+                isinstance(s, int) for s in sizes):
+            continue
+        if sizes[1] != sizes[2]:
+            continue
+        if widths and (sizes[0], sizes[1]) not in widths:
+            continue
+        count += 1
+    return count
+
+
+def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
+    """``fwd_only`` followed by the view -> reshape rewrite Inductor applies before custom passes."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+
+    gm = pm.fwd_only(fn, args, *extra, **kwargs)
+    view_to_reshape(gm)
+    return gm
+
+
+def _fake_mode():
+    """A fresh FakeTensorMode for tracing patterns, outside any ambient fake mode or tracing."""
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    class _Ctx:
+        def __enter__(self):
+            self._stack = [unset_fake_temporarily(), tracing(None), FakeTensorMode()]
+            for ctx in self._stack:
+                ctx.__enter__()
+
+        def __exit__(self, *exc):
+            for ctx in reversed(self._stack):
+                ctx.__exit__(*exc)
+            return False
+
+    return _Ctx()
+
+
+class QKNormRoPEFusionPass(CustomGraphPass):
+    """Post-grad pass: split -> q/k RMSNorm -> RoPE  =>  ``vllm_ascend_ext.split_qkv_rmsnorm_rope``.
+
+    Parameters
+    ----------
+    geometries : iterable of AttentionGeometry, or callable returning one
+        The attention geometries of the model as sharded on this rank: one pattern set per
+        distinct (Hq, Hkv, D, R, eps, style). A callable is read when the pass first runs
+        (vLLM integration: the model's layers are only known once it is loaded, after the
+        pass has been handed to the compiler).
+    forms : sequence of (NormForm or None, RopeForm), optional
+        Spellings to match; default :func:`available_forms` at first run.
+    dtypes : sequence of torch.dtype
+        Activation dtypes to trace the patterns with (the matcher re-checks the dtype of every
+        candidate, so these only seed the search).
+
+    Notes
+    -----
+    Usable directly as Inductor's ``post_grad_custom_post_pass``; :meth:`uuid` keys Inductor's
+    cache on this file's source, the geometries and the forms. Calling the pass returns the
+    number of prologues fused and logs the ``fused N/M`` line once.
+    """
+
+    def __init__(self, geometries, forms: Sequence[tuple[NormForm | None, RopeForm]] | None = None,
+                 dtypes: Sequence[torch.dtype] = (torch.bfloat16,)):
+        self._geometries_src = geometries
+        self._forms = list(forms) if forms is not None else None
+        self._dtypes = tuple(dtypes)
+        self._patterns: pm.PatternMatcherPass | None = None
+        self._built_for: tuple | None = None
+        self.last_counts: tuple[int, int] | None = None
+
+    # ---- configuration ---------------------------------------------------------------------
+    def geometries(self) -> tuple[AttentionGeometry, ...]:
+        """The distinct geometries the pass fuses, in a stable order."""
+        src = self._geometries_src() if callable(self._geometries_src) else self._geometries_src
+        unique = {g: None for g in (src or ())}
+        return tuple(sorted(unique, key=repr))
+
+    def forms(self) -> list[tuple[NormForm | None, RopeForm]]:
+        """The (norm, rope) spellings the pass matches."""
+        if self._forms is None:
+            self._forms = available_forms()
+        return self._forms
+
+    def _build(self) -> pm.PatternMatcherPass:
+        geometries, forms = self.geometries(), self.forms()
+        key = (geometries, tuple((n.name if n else None, r.name) for n, r in forms), self._dtypes)
+        if self._patterns is not None and self._built_for == key:
+            return self._patterns
+        patterns = pm.PatternMatcherPass(pass_name="vllm_ascend_ext_qk_norm_rope_fusion")
+        seen = set()
+        with _fake_mode():
+            for geo in geometries:
+                for norm, rope in forms:
+                    if norm is None:
+                        # The no-norm prologue does not depend on eps (nor on the norm flavour).
+                        variant = (geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim,
+                                   geo.is_neox, None, rope.name)
+                    else:
+                        if not geo.qk_norm or geo.weight_offset:
+                            continue  # (1 + w) norms are spelled differently; not matched
+                        variant = (geo, norm.name, rope.name)
+                    if variant in seen:
+                        continue
+                    seen.add(variant)
+                    # Inductor rewrites view -> reshape before custom passes; vllm-ascend's own
+                    # compiler (aot_autograd + its pass manager) does not: the custom-op forms
+                    # are registered in both spellings.
+                    traces = (_trace,) if rope.native else (_trace, pm.fwd_only)
+                    for dtype in self._dtypes:
+                        for trace in traces:
+                            search, replace = _pattern_fns(geo, norm, rope)
+                            pm.register_replacement(
+                                search, replace, _example_inputs(geo, norm is not None, dtype),
+                                trace, patterns, skip_duplicates=True,
+                            )
+        self._patterns, self._built_for = patterns, key
+        return patterns
+
+    # ---- CustomGraphPass -------------------------------------------------------------------
+    def __call__(self, graph: torch.fx.Graph) -> int:
+        """Fuse every matching prologue of ``graph`` in place; return how many were fused."""
+        geometries = self.geometries()
+        total = count_prologue_candidates(graph, geometries)
+        fused = self._build().apply(graph) if geometries else 0
+        if fused:
+            graph.eliminate_dead_code()
+        self.last_counts = (fused, total)
+        logger.info(LOG_FORMAT, fused, total)
+        return fused
+
+    def uuid(self) -> str:
+        """Cache key: this module's source, the geometries and the forms."""
+        return _uuid(repr(self.geometries()),
+                     repr([(n.name if n else None, r.name) for n, r in self.forms()]),
+                     repr(self._dtypes))
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    import inspect
+    import sys
+
+    module = sys.modules[__name__]
+    text = inspect.getsource(module) + inspect.getsource(custom_ops)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _uuid(*parts: str) -> str:
+    digest = hashlib.sha256(_source_hash().encode())
+    for part in parts:
+        digest.update(part.encode())
+    return digest.hexdigest()

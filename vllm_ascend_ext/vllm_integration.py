@@ -1,0 +1,374 @@
+"""The vLLM side: plugin body, worker hook, and installing the fusion pass into vLLM's compiler.
+
+Flow in every worker process (vLLM's GPU and CPU workers, vllm-ascend's NPUWorker alike, since
+all of them are driven through ``vllm.v1.worker.worker_base.WorkerWrapperBase``):
+
+1. ``vllm.general_plugins`` runs :func:`vllm_ascend_ext.register` -> :func:`register`, which
+   wraps ``WorkerWrapperBase.init_device`` (idempotently).
+2. ``init_device`` runs the worker's own device setup, which ends with vLLM's distributed init
+   (``init_distributed_environment`` + ``ensure_model_parallel_initialized``, on HCCL, NCCL or
+   gloo). Right after it, :func:`after_init_device`:
+
+   * takes the device vLLM assigned to this rank (``worker.device``, already offset for
+     data-parallel ranks), never ``device 0`` or ``local_rank``;
+   * reads that device's facts once (vector cores + UB bytes on Ascend, SMs on CUDA; on the CPU
+     interpreter the Ascend default SoC's, as the op's planner does);
+   * puts the fusion pass into ``compilation_config.inductor_compile_config`` under the
+     platform's pass key (``post_grad_custom_post_pass``; vllm-ascend: ``graph_fusion_manager``),
+     chaining any pass already there, and on vllm-ascend removes their own QK-norm-RoPE pass
+     from their pass manager;
+   * wraps this worker's ``load_model``.
+
+3. After ``load_model`` (the model's layers, hence its per-layer geometries as sharded on this
+   rank, exist only now; the graph is compiled after this, at warm-up), :func:`after_load_model`
+   builds the launch plan of every geometry, runs the kernel once per geometry on the assigned
+   device (Triton compiles it there and then, before the first request), all-gathers a digest of
+   the plans over vLLM's world group (its CPU group, so no device sync is involved) and raises
+   :class:`PlanMismatchError` naming the ranks if they disagree, then logs one summary line.
+
+``VLLM_ASCEND_EXT_FUSION=0`` turns all of it off (the op stays importable).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .ops.models import AttentionGeometry
+
+__all__ = [
+    "ENV_FUSION",
+    "PlanMismatchError",
+    "WorkerState",
+    "after_init_device",
+    "after_load_model",
+    "compare_digests",
+    "fusion_enabled",
+    "plan_digest",
+    "register",
+]
+
+logger = logging.getLogger("vllm_ascend_ext")
+
+ENV_FUSION = "VLLM_ASCEND_EXT_FUSION"
+_OFF = {"0", "false", "off", "no"}
+#: Attribute set on wrapped functions so that wrapping twice is a no-op.
+_MARK = "_vllm_ascend_ext_wrapped"
+#: Class name of vllm-ascend's own pass, replaced by ours in their pass manager.
+ASCEND_QKNORM_ROPE_PASS = "QKNormRopeFusionPass"
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks computed different launch plans for the same model (different devices or code)."""
+
+
+def fusion_enabled() -> bool:
+    """``False`` when ``VLLM_ASCEND_EXT_FUSION`` is ``0``/``false``/``off``/``no``."""
+    return os.environ.get(ENV_FUSION, "1").strip().lower() not in _OFF
+
+
+def _configure_logging() -> None:
+    """Give the package logger a handler in vLLM processes (vLLM only configures ``vllm``)."""
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+# --------------------------------------------------------------------------------------------
+# register()
+# --------------------------------------------------------------------------------------------
+
+
+def register() -> bool:
+    """Hook into vLLM: wrap ``WorkerWrapperBase.init_device``. Idempotent.
+
+    Returns
+    -------
+    bool
+        Whether the hook is installed (``False``: switched off, or this vLLM lacks the seam;
+        the reason is logged and vLLM runs unchanged).
+    """
+    _configure_logging()
+    if not fusion_enabled():
+        logger.info("vllm_ascend_ext: fusion disabled by %s=0", ENV_FUSION)
+        return False
+    try:
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+    except Exception as exc:  # noqa: BLE001 - any import failure means: step aside
+        logger.warning("vllm_ascend_ext: not hooking vLLM (no WorkerWrapperBase: %s)", exc)
+        return False
+    original = getattr(WorkerWrapperBase, "init_device", None)
+    if original is None:
+        logger.warning("vllm_ascend_ext: not hooking vLLM (WorkerWrapperBase has no init_device)")
+        return False
+    if getattr(original, _MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def init_device(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        after_init_device(self)
+        return result
+
+    setattr(init_device, _MARK, True)
+    WorkerWrapperBase.init_device = init_device
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Worker hook
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerState:
+    """What the hook knows about this worker; ``geometries`` feeds the fusion pass."""
+
+    device: torch.device
+    backend: str
+    facts: dict
+    rank: int = 0
+    world_size: int = 1
+    geometries: list[AttentionGeometry] = field(default_factory=list)
+    digest: str = ""
+
+
+def assigned_device(worker) -> torch.device:
+    """The device vLLM gave this worker (``worker.device``; else its model runner's)."""
+    device = getattr(worker, "device", None)
+    if device is None:
+        device = getattr(getattr(worker, "model_runner", None), "device", None)
+    if device is None:
+        raise RuntimeError("vllm_ascend_ext: the worker has no device after init_device")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def read_facts(device: torch.device) -> dict:
+    """The facts a launch plan of ``device`` is sized from (read once per device, cached)."""
+    from .ops import device as dev
+
+    backend = dev.backend_of(device)
+    if backend == "cuda":
+        return {"backend": "cuda", **asdict(dev.cuda_facts(device.index))}
+    index = device.index if backend == "ascend" else None
+    if backend == "ascend" and index is None:
+        index = torch.npu.current_device()  # pragma: no cover - needs an NPU
+    return {"backend": backend, **asdict(dev.ascend_facts(index))}
+
+
+def _world():
+    """``(rank, world_size, cpu_group)`` of vLLM's world group, or ``(0, 1, None)``."""
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+
+        group = get_world_group()
+    except Exception:  # noqa: BLE001 - not initialised: a single process
+        return 0, 1, None
+    return group.rank_in_group, group.world_size, group.cpu_group
+
+
+def after_init_device(wrapper) -> WorkerState | None:
+    """Run in each worker right after vLLM's device + distributed init (see module docs)."""
+    worker = getattr(wrapper, "worker", wrapper)
+    vllm_config = getattr(wrapper, "vllm_config", None) or getattr(worker, "vllm_config", None)
+    try:
+        device = assigned_device(worker)
+        facts = read_facts(device)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("vllm_ascend_ext: fusion off for this worker (%s)", exc)
+        return None
+    rank, world_size, _ = _world()
+    state = WorkerState(device=device, backend=facts["backend"], facts=facts, rank=rank,
+                        world_size=world_size)
+    worker._vllm_ascend_ext_state = state
+    if vllm_config is not None:
+        install_pass(vllm_config, state)
+    load_model = getattr(worker, "load_model", None)
+    if load_model is not None and not getattr(load_model, _MARK, False):
+
+        @functools.wraps(load_model)
+        def wrapped_load_model(*args, **kwargs):
+            result = load_model(*args, **kwargs)
+            after_load_model(worker, state)
+            return result
+
+        setattr(wrapped_load_model, _MARK, True)
+        worker.load_model = wrapped_load_model
+    return state
+
+
+def _get_model(worker):
+    for getter in (lambda: worker.get_model(), lambda: worker.model_runner.model):
+        try:
+            return getter()
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def after_load_model(worker, state: WorkerState) -> None:
+    """Plan, compile and cross-check every attention geometry of the loaded model."""
+    from .geometry import model_geometries
+
+    model = _get_model(worker)
+    if model is None:
+        logger.warning("vllm_ascend_ext: cannot see the model; nothing planned")
+        return
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
+    state.geometries[:] = model_geometries(model)
+    start = time.perf_counter()
+    plans = build_plans(state.device, state.geometries, dtype)
+    warm_up(state.device, state.geometries, dtype)
+    state.digest = plan_digest(state.facts, plans)
+    exchange_digests(state.digest, state.rank, state.world_size)
+    logger.info(
+        "vllm_ascend_ext: rank %d/%d on %s (%s): %d attention geometr%s [%s], plans compiled "
+        "in %.2f s, digest %s agreed by all ranks",
+        state.rank, state.world_size, state.device, _facts_text(state.facts),
+        len(state.geometries), "y" if len(state.geometries) == 1 else "ies",
+        "; ".join(g.label for g in state.geometries), time.perf_counter() - start,
+        state.digest[:12],
+    )
+
+
+def _facts_text(facts: dict) -> str:
+    if facts["backend"] == "cuda":
+        return f"{facts['name']}, {facts['num_sms']} SMs"
+    return (f"{facts['soc']}, {facts['num_vector_cores']} vector cores, "
+            f"{facts['ub_bytes'] // 1024} KiB UB, from {facts['source']}")
+
+
+def _cache_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype
+
+
+def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[dict]:
+    """The launch plan of every geometry on ``device`` (the op's own planner), as plain dicts."""
+    from .ops.tiling import KernelShape, plan_for
+
+    plans = []
+    elem = torch.empty((), dtype=dtype).element_size()
+    for geo in geometries:
+        shape = KernelShape(num_q_heads=geo.num_q_heads, num_kv_heads=geo.num_kv_heads,
+                            head_dim=geo.head_dim, rotary_dim=geo.rotary_dim, elem_bytes=elem,
+                            cache_bytes=elem, is_neox=geo.is_neox)
+        plan = plan_for(device, shape)
+        plans.append({"geometry": asdict(geo), "plan": type(plan).__name__,
+                      "fields": {k: v for k, v in sorted(vars(plan).items())
+                                 if isinstance(v, (int, float, str, bool))}})
+    return plans
+
+
+def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> None:
+    """Run the fused op once per geometry on ``device``: Triton compiles each kernel now."""
+    from . import custom_ops
+
+    op = custom_ops.functional_op()
+    for geo in geometries:
+        qkv = torch.zeros(1, geo.qkv_width, dtype=dtype, device=device)
+        weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
+        cache = torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device)
+        positions = torch.zeros(1, dtype=torch.int64, device=device)
+        op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads, geo.head_dim,
+           geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
+
+
+def plan_digest(facts: dict, plans: list[dict]) -> str:
+    """SHA-256 of the device facts and the plans, canonical JSON."""
+    text = json.dumps({"facts": {k: v for k, v in facts.items() if k != "source"}, "plans": plans},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compare_digests(digests: list[str]) -> None:
+    """Raise :class:`PlanMismatchError` unless every rank's digest is the same."""
+    if len(set(digests)) <= 1:
+        return
+    groups: dict[str, list[int]] = {}
+    for rank, digest in enumerate(digests):
+        groups.setdefault(digest, []).append(rank)
+    detail = "; ".join(f"ranks {ranks}: {digest[:12]}" for digest, ranks in groups.items())
+    raise PlanMismatchError(
+        "vllm_ascend_ext: ranks computed different launch plans for the fused attention "
+        f"prologue ({detail}). Every rank must run the same package version on the same kind "
+        "of device with the same VLLM_ASCEND_EXT_* settings.")
+
+
+def exchange_digests(digest: str, rank: int, world_size: int, group=None) -> list[str]:
+    """All-gather ``digest`` over vLLM's world group (its CPU group) and compare.
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        Defaults to vLLM's world CPU group; a single process skips the exchange.
+    """
+    if group is None:
+        _, world_size, group = _world()
+    if world_size <= 1 or group is None:
+        return [digest]
+    gathered: list = [None] * world_size
+    torch.distributed.all_gather_object(gathered, digest, group=group)
+    compare_digests(gathered)
+    return gathered
+
+
+# --------------------------------------------------------------------------------------------
+# Installing the pass
+# --------------------------------------------------------------------------------------------
+
+
+def install_pass(vllm_config, state: WorkerState) -> None:
+    """Put the fusion pass where this platform's compiler runs custom post-grad passes."""
+    from vllm.platforms import current_platform
+
+    from .vllm_pass import make_vllm_pass
+
+    key = getattr(current_platform, "pass_key", "post_grad_custom_post_pass")
+    config = vllm_config.compilation_config.inductor_compile_config
+    previous = config.get(key)
+    if getattr(previous, "is_vllm_ascend_ext_pass", False):
+        return
+    config[key] = make_vllm_pass(vllm_config, lambda: state.geometries, previous)
+    if current_platform.device_type == "npu":  # pragma: no cover - vllm-ascend only
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        replace_in_pass_manager(resolve_obj_by_qualname(current_platform.get_pass_manager_cls()))
+
+
+def replace_in_pass_manager(manager_cls) -> None:
+    """Make ``manager_cls.configure`` drop vllm-ascend's own QK-norm-RoPE pass. Idempotent.
+
+    Our pass reaches their manager through vLLM's ``add`` of the pass-key entry; theirs would
+    otherwise rewrite the same prologue first (head_dim 128, one geometry only).
+    """
+    original = manager_cls.configure
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def configure(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        before = len(self.passes)
+        self.passes[:] = [p for p in self.passes if type(p).__name__ != ASCEND_QKNORM_ROPE_PASS]
+        if len(self.passes) != before:
+            logger.info("vllm_ascend_ext: replaced vllm-ascend's %s with ours",
+                        ASCEND_QKNORM_ROPE_PASS)
+        return result
+
+    setattr(configure, _MARK, True)
+    manager_cls.configure = configure
