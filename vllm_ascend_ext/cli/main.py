@@ -8,6 +8,7 @@ missing pieces raise :class:`~vllm_ascend_ext.cli.common.CliError`, printed here
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import bench, doctor, plan, profile, report
@@ -60,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         sys.stderr.write(f"{PROG} {args.command}: error: {exc}\n")
         return exc.code
+    except ImportError as exc:  # a broken or partial install: say what is missing, not where
+        sys.stderr.write(f"{PROG} {args.command}: error: {exc} (is vllm-ascend-ext installed? "
+                         "pip install -e . from the source checkout; `vllm-ascend-ext doctor` lists what is missing)\n")
+        return 1
+    except BrokenPipeError:  # output piped into `head` and the like
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG} {args.command}: interrupted\n")
         return 130

@@ -393,7 +393,7 @@ def format_report(stats: list[KernelStats], groups: list[dict], ctx: Context) ->
     lines = [f"{'group':<{gw}} {'kernel':<{name_width}} {'calls':>6} {'total us':>11} {'mean us':>9} "
              f"{'bytes/call':>11} {'GB/s':>8} {'% peak':>7}"]
     for s in stats:
-        name = s.name if len(s.name) <= name_width else s.name[:name_width - 1] + "~"
+        name = _short(s.name, name_width)
         gbps = s.gbps
         pct = 100 * gbps / ctx.peak_gbps if gbps is not None and ctx.peak_gbps else None
         bytes_text = _fmt(s.nbytes, "d") + ("*" if s.bytes_from == "geometry" else "")
@@ -422,7 +422,12 @@ def format_report(stats: list[KernelStats], groups: list[dict], ctx: Context) ->
 
 
 def write_png(stats: list[KernelStats], groups: list[dict], ctx: Context, path: Path) -> None:
-    """Two panels: time per prologue by group (stacked by kernel), bandwidth per kernel."""
+    """Two panels: time per prologue by group (stacked by kernel), and bandwidth.
+
+    The right panel shows each group's floor bandwidth (the bytes the fused op must move over
+    the group's time per prologue) when the geometry is known, else each kernel's achieved
+    bandwidth where its bytes are known; the device peak is a dashed line when known.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -430,29 +435,51 @@ def write_png(stats: list[KernelStats], groups: list[dict], ctx: Context, path: 
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [g["group"] for g in groups]
-    bottoms = [0.0] * len(names)
-    for s in sorted(stats, key=lambda s: -s.total_us)[:12]:
-        share = s.total_us / ctx.iterations if ctx.iterations else s.mean_us
-        heights = [share if s.group == n else 0.0 for n in names]
-        left.bar(names, heights, bottom=bottoms, label=s.name[:40])
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    left.set_ylabel("us per prologue")
-    left.set_title("time per prologue, by kernel")
-    left.legend(fontsize=6, loc="upper left")
-    with_bw = [s for s in stats if s.gbps is not None]
-    if with_bw:
-        right.barh([f"{s.group}: {s.name[:32]}" for s in with_bw], [s.gbps for s in with_bw])
-        if ctx.peak_gbps:
-            right.axvline(ctx.peak_gbps, color="k", linestyle="--", label=f"peak {ctx.peak_gbps:g} GB/s")
-            right.legend(fontsize=7)
-        right.set_xlabel("GB/s (bytes per call / mean time)")
+    cmap = plt.get_cmap("tab20")
+    for x, group in enumerate(groups):
+        bottom = 0.0
+        members = sorted((s for s in stats if s.group == group["group"]), key=lambda s: -s.total_us)
+        for k, s in enumerate(members):
+            share = s.total_us / ctx.iterations if ctx.iterations else s.mean_us
+            left.bar(x, share, bottom=bottom, color=cmap(k % 20), edgecolor="white", linewidth=0.5)
+            bottom += share
+        left.annotate(f"{group['us_per_prologue']:.1f} us\n{group['launches_per_prologue']:.0f} launches",
+                      (x, bottom), ha="center", va="bottom", fontsize=8)
+    left.set_xticks(range(len(names)), names)
+    left.set_ylabel("us per prologue (segments: kernels)")
+    left.set_title("time per prologue")
+    left.margins(y=0.15)
+    if ctx.floor_bytes is not None:
+        values = [g["floor_gbps"] or 0.0 for g in groups]
+        right.barh(names, values, color=[cmap(2 * i % 20) for i in range(len(names))])
+        for y, value in enumerate(values):
+            right.annotate(f" {value:.0f}", (value, y), va="center", fontsize=8)
+        right.set_xlabel(f"GB/s: {ctx.floor_bytes} B floor / time per prologue")
+        right.set_title("floor bandwidth per prologue")
+        right.invert_yaxis()
     else:
-        right.text(0.5, 0.5, "no byte counts: pass --model/--tokens", ha="center", va="center")
-        right.set_axis_off()
-    right.set_title("achieved bandwidth per kernel")
+        with_bw = [s for s in stats if s.gbps is not None]
+        if with_bw:
+            right.barh([f"{s.group}: {_short(s.name, 32)}" for s in with_bw], [s.gbps for s in with_bw])
+            right.set_xlabel("GB/s (tensor bytes per call / mean time)")
+        else:
+            right.text(0.5, 0.5, "no byte counts: pass --model and --tokens", ha="center", va="center")
+            right.set_axis_off()
+        right.set_title("achieved bandwidth per kernel")
+    if ctx.peak_gbps and right.axison:
+        right.axvline(ctx.peak_gbps, color="k", linestyle="--", label=f"peak {ctx.peak_gbps:g} GB/s")
+        right.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _short(name: str, width: int) -> str:
+    """``name`` cut to ``width`` characters in the middle (C++ kernel names differ at both ends)."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) * 2 // 3
+    return name[:head] + "~" + name[len(name) - (width - 1 - head):]
 
 
 def _context(args, first_sidecar: dict | None) -> Context:
