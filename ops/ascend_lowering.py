@@ -132,7 +132,8 @@ def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
         "PASS": shape.pass_dim, "PASS_PAD": shape.pass_pad, "IS_NEOX": geometry.is_neox,
         "Q_NORM": q_norm, "K_NORM": k_norm, "Q_BIAS": variant.bias and q_norm,
         "K_BIAS": variant.bias and k_norm,
-        "BLOCK_T": plan.block_tokens, "BLOCK_H": plan.block_heads,
+        "BLOCK_T": plan.block_tokens, "BLOCK_HQ": plan.block_heads,
+        "BLOCK_HK": plan.block_heads_k,
     }
     linalg = _lower(kernel, signature, constants, ascend_facts().soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order.

@@ -21,7 +21,7 @@ Math (per token ``t`` and head ``h``, in fp32, one rounding to the output dtype 
 
 Tiling
 ------
-A tile is ``BLOCK_T`` tokens x ``BLOCK_H`` heads of one tensor: q's heads are cut into blocks,
+A tile is ``BLOCK_T`` tokens x ``BLOCK_HQ`` (or ``BLOCK_HK``) heads of one tensor: q's heads are cut into blocks,
 then k's, and no block holds both, so every mask is a plain bound and every access a strided
 block (triton-ascend lowers such masks to sub-views; a mask mixing q and k heads made it
 read-modify-write the whole output block, racing with the neighbouring rows). Each head is held
@@ -81,27 +81,18 @@ def _affine(x, rstd, w, b, BIAS: tl.constexpr):
 @triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin,
-    w_a, w_b, w_p, b_a, b_b, b_p, eps,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-    PASS: tl.constexpr, PASS_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
-    NORM: tl.constexpr, BIAS: tl.constexpr,
+    ia, ib, i_ok, jp, j_ok, w_a, w_b, w_p, b_a, b_b, b_p, eps,
+    HEAD_DIM: tl.constexpr, PASS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
 ):
     """Normalise and rotate one block of heads of one tensor (q or k): load, math, store.
 
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
+    ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the pass-through tail.
     """
-    i = tl.arange(0, HALF_PAD)
-    if IS_NEOX:
-        ia = i
-        ib = i + HALF
-    else:
-        ia = 2 * i
-        ib = 2 * i + 1
-    jp = 2 * HALF + tl.arange(0, PASS_PAD)
     row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
-    ab_ok = row_ok & (i < HALF)[None, None, :]
-    p_ok = row_ok & (jp < HEAD_DIM)[None, None, :]
+    ab_ok = row_ok & i_ok[None, None, :]
+    p_ok = row_ok & j_ok[None, None, :]
     src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
 
@@ -138,14 +129,14 @@ def _split_qkv_rmsnorm_rope_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr, PASS_PAD: tl.constexpr,
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     # Head blocks never straddle q and k: q's come first, then k's.
-    Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_H - 1) // BLOCK_H
-    HEAD_BLOCKS: tl.constexpr = Q_BLOCKS + (NUM_KV_HEADS + BLOCK_H - 1) // BLOCK_H
+    Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_HQ - 1) // BLOCK_HQ
+    HEAD_BLOCKS: tl.constexpr = Q_BLOCKS + (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
 
-    # Weights and biases, loaded once per program (offset folded in), split like the heads.
+    # Lanes of a head, and the weights and biases split the same way, once per program.
     i = tl.arange(0, HALF_PAD)
     i_ok = i < HALF
     if IS_NEOX:
@@ -183,17 +174,18 @@ def _split_qkv_rmsnorm_rope_kernel(
         cos = tl.load(cache_ptr + cs_off, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
         sin = tl.load(cache_ptr + cs_off + HALF, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
 
+        # (The arms name their head vectors apart: compiled Triton requires a name bound in both
+        # arms of a run-time branch to have one type, and the blocks may differ in size.)
         if head_block < Q_BLOCKS:
-            head = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-            _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, qw_a, qw_b, qw_p, qb_a, qb_b, qb_p, eps,
-                        HEAD_DIM, HALF, HALF_PAD, PASS, PASS_PAD, IS_NEOX, Q_NORM, Q_BIAS)
+            q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+            _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
+                        q_out_stride, cos, sin, ia, ib, i_ok, jp, j_ok,
+                        qw_a, qw_b, qw_p, qb_a, qb_b, qb_p, eps, HEAD_DIM, PASS, Q_NORM, Q_BIAS)
         else:
-            head = (head_block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-            _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, head,
-                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin,
-                        kw_a, kw_b, kw_p, kb_a, kb_b, kb_p, eps,
-                        HEAD_DIM, HALF, HALF_PAD, PASS, PASS_PAD, IS_NEOX, K_NORM, K_BIAS)
+            k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+            _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, k_head,
+                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, ia, ib, i_ok, jp, j_ok,
+                        kw_a, kw_b, kw_p, kb_a, kb_b, kb_p, eps, HEAD_DIM, PASS, K_NORM, K_BIAS)
 
 
 def _check_vector(name, tensor, length, device):
@@ -343,7 +335,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim, PASS_PAD=shape.pass_pad,
         IS_NEOX=bool(is_neox), Q_NORM=q_weight is not None, K_NORM=k_weight is not None,
         Q_BIAS=q_bias is not None, K_BIAS=k_bias is not None,
-        BLOCK_T=plan.block_tokens, BLOCK_H=plan.block_heads,
+        BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         **plan.launch_options,
     )
     return q, k, v

@@ -14,5 +14,5 @@ cp -r vllm_ascend_ext "$site/vllm_ascend_ext"
 cp -r ops "$site/vllm_ascend_ext/ops"
 export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
-python3 -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
-VLLM_ASCEND_EXT_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/ops "$@"
+python3 -P -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+VLLM_ASCEND_EXT_TEST_DEVICE=cuda python3 -P -m pytest -q -p no:cacheprovider tests/ops "$@"

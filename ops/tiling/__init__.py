@@ -63,9 +63,11 @@ class KernelShape:
         """q and k heads together: the heads the kernel touches."""
         return self.num_q_heads + self.num_kv_heads
 
-    def head_blocks(self, block_heads: int) -> int:
-        """Blocks of ``block_heads`` covering q's heads, then k's (a block holds one tensor's)."""
-        return -(-self.num_q_heads // block_heads) + -(-self.num_kv_heads // block_heads)
+    def head_blocks(self, block_heads: int, block_heads_k: int | None = None) -> int:
+        """Blocks covering q's heads (``block_heads`` each), then k's (``block_heads_k``, default
+        the same); a block holds one tensor's heads."""
+        block_heads_k = block_heads_k or block_heads
+        return -(-self.num_q_heads // block_heads) + -(-self.num_kv_heads // block_heads_k)
 
     @property
     def half(self) -> int:
@@ -95,11 +97,19 @@ class KernelShape:
 
 @dataclass(frozen=True)
 class PlanBase:
-    """What every backend's plan gives the launcher."""
+    """What every backend's plan gives the launcher.
+
+    ``block_heads`` is the heads of q per tile; :attr:`block_heads_k` those of k (the same
+    unless a backend says otherwise).
+    """
 
     block_tokens: int
     block_heads: int
     max_programs: int
+
+    @property
+    def block_heads_k(self) -> int:
+        return self.block_heads
 
     @property
     def launch_options(self) -> dict:
@@ -108,11 +118,23 @@ class PlanBase:
 
     def num_tiles(self, shape: KernelShape, num_tokens: int) -> int:
         """Tiles of ``block_tokens`` x ``block_heads`` covering ``num_tokens`` tokens."""
-        return -(-num_tokens // self.block_tokens) * shape.head_blocks(self.block_heads)
+        return -(-num_tokens // self.block_tokens) * shape.head_blocks(self.block_heads, self.block_heads_k)
 
     def grid(self, shape: KernelShape, num_tokens: int) -> int:
-        """Programs to launch: one per tile, at most ``max_programs`` (they loop grid-stride)."""
-        return max(1, min(self.num_tiles(shape, num_tokens), self.max_programs))
+        """Programs to launch: one per tile, at most ``max_programs`` (they loop grid-stride).
+
+        A capped grid is kept off multiples of the head-block count: programs step through the
+        tiles by the grid size, so with a multiple each program would meet the same head block
+        (say, always a small k block) on every tile it walks, and q's programs would do all the
+        work (8/1/128 ran at 1.58x the floor so, perf-notes v3).
+        """
+        tiles = self.num_tiles(shape, num_tokens)
+        if tiles <= self.max_programs:
+            return max(1, tiles)
+        programs = self.max_programs
+        if programs % shape.head_blocks(self.block_heads, self.block_heads_k) == 0:
+            programs -= 1
+        return programs
 
 
 _forced_backend: str | None = None

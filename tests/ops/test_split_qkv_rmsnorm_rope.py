@@ -135,7 +135,7 @@ def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> l
     with tiling.forced(backend):
         plan = plan_for(device, shape)
     bt = plan.block_tokens
-    looping = bt * -(-(plan.max_programs + 1) // shape.head_blocks(plan.block_heads)) + 1
+    looping = bt * -(-(plan.max_programs + 1) // shape.head_blocks(plan.block_heads, plan.block_heads_k)) + 1
     counts = {1, 3, bt, bt + 1, 2 * bt + 1}
     if device.type != "cpu" or looping <= INTERPRETER_MAX_TOKENS:
         counts.add(looping)
@@ -207,7 +207,7 @@ def test_inplace_matches_out_of_place(device, poisoned, backend):
 
 def test_grid_stride_loop(device, poisoned):
     """A plan with far fewer programs than tiles: every program walks many tiles."""
-    plan = CudaPlan(block_tokens=2, block_heads=2, max_programs=3, num_warps=4)
+    plan = CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=1, max_programs=3, num_warps=4)
     args = make_inputs(model("Qwen3-8B").shard(8), 23, device)
     with tiling.forced(plan=plan):
         run_and_check(args)
