@@ -39,7 +39,6 @@ _CAST = re.compile(r"(%[\w.]+) = memref\.reinterpret_cast (%arg\d+) ")
 _VIEW = re.compile(r"(%[\w.]+) = memref\.subview (%[\w.]+)\[")
 _COPY = re.compile(r"memref\.copy (%[\w.]+), (%[\w.]+) ")
 _BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "bf16": 2, "f16": 2, "f32": 4}
-_TRITON_DTYPES = {2: "bf16", 4: "fp32"}
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,7 @@ def _lower(fn, signature: dict, constants: dict, soc: str) -> str:
 
 def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
     """Plan and lower one geometry (with an optional feature variant); return the report row."""
+    from .split_qkv_rmsnorm_rope import _constexprs, _signature
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
     variant = variant or Variant("")
@@ -118,23 +118,9 @@ def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
     plan = ascend.plan(shape, ascend_facts())
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
-    t, c = f"*{variant.dtype}", f"*{variant.cache_dtype}"
-    signature = {
-        "qkv_ptr": t, "q_out_ptr": t, "k_out_ptr": t, "q_w_ptr": t, "k_w_ptr": t,
-        "q_b_ptr": t, "k_b_ptr": t, "cache_ptr": c, "pos_ptr": "*i64",
-        "num_tokens": "i32", "max_position": "i32", "qkv_stride": "i32", "q_out_stride": "i32",
-        "k_out_stride": "i32", "cache_stride": "i32", "pos_stride": "i32",
-        "eps": "fp32", "weight_offset": "fp32",
-    }
-    constants = {
-        "NUM_Q_HEADS": shape.num_q_heads, "NUM_KV_HEADS": shape.num_kv_heads,
-        "HEAD_DIM": shape.head_dim, "HALF": shape.half, "HALF_PAD": shape.half_pad,
-        "PASS": shape.pass_dim, "PASS_PAD": shape.pass_pad, "IS_NEOX": geometry.is_neox,
-        "Q_NORM": q_norm, "K_NORM": k_norm, "Q_BIAS": variant.bias and q_norm,
-        "K_BIAS": variant.bias and k_norm,
-        "BLOCK_T": plan.block_tokens, "BLOCK_HQ": plan.block_heads,
-        "BLOCK_HK": plan.block_heads_k,
-    }
+    signature = _signature(variant.dtype, variant.cache_dtype)
+    constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
+                            q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm)
     linalg = _lower(kernel, signature, constants, ascend_facts().soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order.
     names = list(signature)
@@ -168,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.soc:
         os.environ[ENV_SOC] = args.soc
         ascend_facts.cache_clear()
+    # The interpreter replaces the kernel with a Python object that cannot be compiled; this
+    # check compiles, so it must see the kernel before Triton's interpreter flag does.
+    if os.environ.pop("TRITON_INTERPRET", None) == "1" and "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope" in sys.modules:
+        print("the kernel was imported under TRITON_INTERPRET=1; run this check without it", file=sys.stderr)
+        return 2
     try:
         import triton.backends.ascend  # noqa: F401
     except ImportError:

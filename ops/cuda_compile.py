@@ -1,0 +1,89 @@
+"""Compile the fused kernel for a Hopper GPU (sm_90) on the CPU, for every CUDA plan of the table.
+
+Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PTX on the CPU)::
+
+    python -m vllm_ascend_ext.ops.cuda_compile
+
+The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
+compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
+(which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
+at TP 1/2/4/8 this builds the CUDA plan, compiles the kernel with the divisibility hints a real
+launch gets (pointers and row strides divisible by 16), and requires the qkv tile to be moved in
+16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX). It prints last
+``compiled N/N CUDA kernel plans ...`` and exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from .device import cuda_facts
+from .models import geometry_table
+from .tiling import KernelShape, cuda
+
+#: Compute capability of the H100/H200 this project measures on.
+TARGET_ARCH = 90
+_DIVISIBLE = ("qkv_ptr", "q_out_ptr", "k_out_ptr", "q_w_ptr", "k_w_ptr", "q_b_ptr", "k_b_ptr",
+              "cache_ptr", "pos_ptr", "qkv_stride", "q_out_stride", "k_out_stride", "cache_stride")
+
+
+def compile_plan(geometry) -> dict:
+    """Compile one geometry's CUDA plan to PTX; count the vector and scalar global accesses."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .split_qkv_rmsnorm_rope import _constexprs, _signature
+    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+
+    shape = KernelShape(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
+                        geometry.rotary_dim, 2, 4, geometry.is_neox)
+    plan = cuda.plan(shape, cuda_facts())
+    signature = _signature("bf16", "fp32")
+    constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
+                             q_bias=False, k_bias=False)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _DIVISIBLE}
+    signature |= {name: "constexpr" for name in constexprs}
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
+                              options=plan.launch_options)
+    ptx = compiled.asm["ptx"]
+    return {"plan": plan, "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
+            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile every CUDA plan of the geometry table; exit 1 on any failure."""
+    if os.environ.pop("TRITON_INTERPRET", None) == "1" and "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope" in sys.modules:
+        print("the kernel was imported under TRITON_INTERPRET=1; run this check without it", file=sys.stderr)
+        return 2
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
+        return 2
+    jobs = [(f"{name} tp{tp}", geometry) for name, tp, geometry in geometry_table()]
+    print(f"{'plan':24} {'geometry':26} {'BT':>3} {'BHq':>4} {'BHk':>4} {'warps':>5} {'v4':>4} {'b16':>4}  status")
+    ok = 0
+    for label, geometry in jobs:
+        try:
+            row = compile_plan(geometry)
+        except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            print(f"{label:24} {geometry.label:26} compile failed: {type(exc).__name__}: {first}")
+            continue
+        plan = row["plan"]
+        good = row["v4"] > 0
+        ok += good
+        print(f"{label:24} {geometry.label:26} {plan.block_tokens:3d} {plan.block_heads:4d} "
+              f"{plan.block_heads_k:4d} {plan.num_warps:5d} {row['v4']:4d} {row['scalar16']:4d}  "
+              f"{'ok' if good else 'FAIL: no 16-byte vector accesses'}")
+    print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU)")
+    return 0 if ok == len(jobs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
