@@ -4,8 +4,7 @@ Layout
 ------
 ``qkv`` is ``[T, (Hq + 2*Hkv) * D]`` with a contiguous last dim and any row stride (a view of a
 wider projection output is fine). Columns ``[0, Hq*D)`` hold q's heads, ``[Hq*D, (Hq+Hkv)*D)``
-k's, the rest v's. q and k heads are adjacent, so the kernel sees one run of ``H = Hq + Hkv``
-heads: head ``h < Hq`` is q head ``h``, otherwise k head ``h - Hq``. v is never read or written.
+k's, the rest v's. v is never read or written.
 
 Math (per token ``t`` and head ``h``, in fp32, one rounding to the output dtype at the end)
 ------------------------------------------------------------------------------------------
@@ -21,13 +20,13 @@ Math (per token ``t`` and head ``h``, in fp32, one rounding to the output dtype 
 
 Tiling
 ------
-A tile is ``BLOCK_T`` tokens x ``BLOCK_HQ`` (or ``BLOCK_HK``) heads of one tensor: q's heads are cut into blocks,
-then k's, and no block holds both, so every mask is a plain bound and every access a strided
-block (triton-ascend lowers such masks to sub-views; a mask mixing q and k heads made it
-read-modify-write the whole output block, racing with the neighbouring rows). Each head is held
-as its two rotary halves ``a``, ``b`` (``[BLOCK_T, BLOCK_H, HALF_PAD]``: element ``i`` of ``a``
-and of ``b`` form pair ``i``) plus the pass-through tail ``[BLOCK_T, BLOCK_H, PASS_PAD]``, so
-the rotation is element-wise math on two tiles. Programs walk the tiles grid-stride (head block
+A tile is ``BLOCK_T`` tokens x ``BLOCK_HQ`` heads of q, or x ``BLOCK_HK`` heads of k: q's heads
+are cut into blocks, then k's, and no block holds both, so every mask is a plain bound and every
+access a strided block (triton-ascend lowers such masks to sub-views; a mask mixing q and k
+heads made it read-modify-write the whole output block, racing with the neighbouring rows). Each
+head is held as its two rotary halves ``a``, ``b`` (``[BLOCK_T, BLOCK_H, HALF_PAD]``: element
+``i`` of ``a`` and of ``b`` form pair ``i``) plus the pass-through tail
+``[BLOCK_T, BLOCK_H, PASS_PAD]``, so the rotation is element-wise math on two tiles. Programs walk the tiles grid-stride (head block
 fastest, so neighbours share cos/sin rows); the number of tiles is computed from the token
 count at run time, so one compiled kernel serves every batch size. The tile shape and the grid
 come from the backend's launch plan (``ops/tiling``), never from this file.
