@@ -293,8 +293,8 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
         def search(qkv, positions, cos_sin_cache):
             q, k, v = split(qkv)
             if rope.native:
-                tokens = positions.flatten().shape[0]
-                q, k = q.view(tokens, -1, d), k.view(tokens, -1, d)
+                # vLLM views by positions' length, the same symbol as qkv's rows
+                q, k = q.view(q.shape[0], -1, d), k.view(k.shape[0], -1, d)
             q_out, k_out = finish(positions, q, k, cos_sin_cache)
             return q_out, k_out, v
 
@@ -339,6 +339,64 @@ def count_prologue_candidates(graph: torch.fx.Graph,
             continue
         count += 1
     return count
+
+
+#: Pure, cheap ops that :func:`merge_duplicate_views` may merge when repeated verbatim.
+_VIEW_OPS = (
+    torch.ops.aten.split_with_sizes.default,
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.reshape.default,
+    torch.ops.aten.view.default,
+)
+# (not unsqueeze: vLLM's RoPE unsqueezes cos/sin once for q and once for k, and the patterns
+# spell it that way.)
+
+
+def _freeze(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def merge_duplicate_views(graph: torch.fx.Graph) -> int:
+    """Merge repeated identical split/view/getitem nodes (same target, same arguments).
+
+    Inductor can leave one copy of the qkv split (and of the per-head reshape and the rotary
+    halves) per consumer: seen in fp32 graphs on vLLM-CPU, three splits of one projection each
+    feeding one of q, k, v. A prologue pattern needs each piece once. Only side-effect-free view
+    ops and ``getitem`` of their results are merged, so semantics are unchanged.
+
+    Returns
+    -------
+    int
+        Nodes removed.
+    """
+    import operator
+
+    seen: dict = {}
+    merged = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            if not (isinstance(node.args[0], torch.fx.Node) and node.args[0].target in _VIEW_OPS):
+                continue
+        elif node.target not in _VIEW_OPS:
+            continue
+        key = (node.target, _freeze(node.args), _freeze(node.kwargs))
+        try:
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            graph.erase_node(node)
+            merged += 1
+        else:
+            seen[key] = node
+    return merged
 
 
 def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
@@ -453,8 +511,14 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> int:
         """Fuse every matching prologue of ``graph`` in place; return how many were fused."""
         geometries = self.geometries()
+        merge_duplicate_views(graph)
         total = count_prologue_candidates(graph, geometries)
-        fused = self._build().apply(graph) if geometries else 0
+        try:
+            fused = self._build().apply(graph) if geometries else 0
+        except Exception as exc:  # noqa: BLE001 - never break the user's compile
+            logger.warning("vllm_ascend_ext: fusion pass skipped this graph: %s: %s",
+                           type(exc).__name__, exc)
+            fused = 0
         if fused:
             graph.eliminate_dead_code()
         self.last_counts = (fused, total)

