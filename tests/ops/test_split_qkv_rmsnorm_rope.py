@@ -193,15 +193,27 @@ def test_gemma_offset_and_bias(device, poisoned):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_inplace_matches_out_of_place(device, poisoned, backend):
-    args = make_inputs(SMALL, 29, device, row_padding=24)
+@pytest.mark.parametrize("row_padding", [32, 24], ids=["aligned-view", "misaligned-view"])
+def test_inplace_matches_out_of_place(device, poisoned, backend, row_padding):
+    """In place equals out of place, and writes nothing outside q's and k's columns.
+
+    Bit-equal when qkv's row stride is a multiple of 16 elements like the outputs': then both
+    calls compile to the same kernel. With a misaligned row stride the compiler specialises the
+    in-place stores differently (narrower vectors, another reduction order: seen on the H200),
+    so there the two agree to the dtype's tolerance; the interpreter is always bit-equal.
+    """
+    args = make_inputs(SMALL, 29, device, row_padding=row_padding)
     q, k = run_and_check(args, backend)
     wide = args["qkv"]
     base = wide.as_strided((wide.shape[0], wide.stride(0)), (wide.stride(0), 1)).clone()
     qkv = base[:, :wide.shape[1]]
     padding = base[:, wide.shape[1]:].clone()
     q_in, k_in = run_and_check(dict(args, qkv=qkv), backend, inplace=True)
-    assert torch.equal(q_in, q) and torch.equal(k_in, k)
+    if device.type == "cpu" or qkv.stride(0) % 16 == 0:
+        assert torch.equal(q_in, q) and torch.equal(k_in, k)
+    else:
+        torch.testing.assert_close(q_in, q, **TOLERANCES[q.dtype])
+        torch.testing.assert_close(k_in, k, **TOLERANCES[k.dtype])
     assert torch.equal(base[:, wide.shape[1]:], padding), "wrote outside qkv's columns"
 
 
