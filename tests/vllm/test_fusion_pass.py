@@ -19,7 +19,7 @@ from vllm_ascend_ext import ascend_standins, custom_ops, fusion
 from vllm_ascend_ext.fusion import LOG_FORMAT, QKNormRoPEFusionPass
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
-from .prologues import MAX_POSITION, AscendPrologue, Prologue, TwoLayers
+from prologues import MAX_POSITION, AscendPrologue, Prologue, TwoLayers
 
 #: Fused vs unfused, by dtype. fp32: both paths compute in fp32 (different op order). bf16:
 #: the unfused native RoPE rounds every product to bf16 while the fused op rounds once, so

