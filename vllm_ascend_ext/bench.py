@@ -73,17 +73,17 @@ class Row:
 
 
 def detect_device() -> torch.device:
-    """CUDA if present, else an NPU if torch_npu is importable and sees one, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    try:  # pragma: no cover - needs torch_npu and CANN
-        import torch_npu  # noqa: F401
+    """The device the op would run on here, as ``vllm-ascend-ext doctor`` decides it (an NPU,
+    else a CUDA GPU, else the CPU through the interpreter)."""
+    from .cli.common import detect_backend
 
-        if torch.npu.is_available():
-            return torch.device("npu", torch.npu.current_device())
-    except ImportError:
-        pass
-    return torch.device("cpu")
+    return torch.device(detect_backend().device)
+
+
+def default_providers(device_type: str) -> tuple[str, ...]:
+    """All providers on an accelerator; on ``"cpu"`` eager and ours (Inductor's CPU compile of
+    every shape would take minutes and time nothing that matters)."""
+    return ("eager", "ours") if device_type == "cpu" else PROVIDERS
 
 
 def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
         if os.environ["TRITON_INTERPRET"] != "1":
             print("CPU run needs TRITON_INTERPRET=1", file=sys.stderr)
             return 2
-    providers = tuple(args.providers or (("eager", "ours") if device.type == "cpu" else PROVIDERS))
+    providers = tuple(args.providers or default_providers(device.type))
     if any(t < 0 for t in args.tokens or ()):
         print("--tokens must be non-negative", file=sys.stderr)
         return 2

@@ -19,7 +19,6 @@ __all__ = ["add_parser", "resolve", "run"]
 
 #: torch device names the core's ``--device`` takes, by backend.
 DEVICE_OF = {"npu": "npu", "cuda": "cuda", "cpu": "cpu"}
-CPU_PROVIDERS = ("eager", "ours")
 
 
 def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -41,7 +40,7 @@ def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tu
             raise CliError(f"--providers takes a comma-separated subset of {', '.join(core.PROVIDERS)}, "
                            f"got {providers!r}")
     else:
-        names = CPU_PROVIDERS if backend == "cpu" else core.PROVIDERS
+        names = core.default_providers(DEVICE_OF[backend])
     return tuple(counts), names
 
 
