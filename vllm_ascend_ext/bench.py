@@ -27,7 +27,6 @@ import argparse
 import csv
 import functools
 import json
-import math
 import os
 import platform
 import statistics

@@ -19,7 +19,7 @@ import torch
 
 from .. import device as _device
 
-__all__ = ["KernelShape", "PlanBase", "block_heads_for", "forced", "next_pow2", "plan_for", "prev_pow2"]
+__all__ = ["KernelShape", "PlanBase", "forced", "next_pow2", "plan_for", "prev_pow2"]
 
 
 def next_pow2(n: int) -> int:
@@ -30,20 +30,6 @@ def next_pow2(n: int) -> int:
 def prev_pow2(n: int) -> int:
     """Largest power of two <= ``n`` (1 for ``n <= 1``)."""
     return 1 if n <= 1 else 1 << (n.bit_length() - 1)
-
-
-def block_heads_for(shape: KernelShape, cap: int, max_waste: float) -> int:
-    """Heads per tile: the largest power of two <= ``cap`` whose padding stays within ``max_waste``.
-
-    q's heads and k's are covered separately in blocks of a power of two (a block never holds
-    both), the last block of each padded. ``max_waste`` bounds padded heads / real heads: 64 q +
-    4 k heads in blocks of 16 pad to 64 + 16 (1.18), in blocks of 4 to 68 (1.0). Falls back to
-    1 head, which never pads.
-    """
-    block = min(next_pow2(max(shape.num_q_heads, shape.num_kv_heads)), cap)
-    while block > 1 and shape.head_blocks(block) * block / shape.num_heads > max_waste:
-        block //= 2
-    return block
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, block_heads_for
+from . import KernelShape, PlanBase, next_pow2
 from ..device import AscendFacts
 
 __all__ = ["AscendPlan", "UbBuffer", "plan", "ub_buffers"]
@@ -40,6 +40,20 @@ MASK_BYTES = 1
 #: allocates each arm's tile buffers separately, and whether bishengir later folds exclusive
 #: arms into one buffer is not visible without CANN, so the model counts both.
 BRANCHES = 2
+
+
+def block_heads_for(shape: KernelShape, cap: int, max_waste: float) -> int:
+    """Heads per tile: the largest power of two <= ``cap`` whose padding stays within ``max_waste``.
+
+    q's heads and k's are covered separately in blocks of a power of two (a block never holds
+    both), the last block of each padded. ``max_waste`` bounds padded heads / real heads: 64 q +
+    4 k heads in blocks of 16 pad to 64 + 16 (1.18), in blocks of 4 to 68 (1.0). Falls back to
+    1 head, which never pads.
+    """
+    block = min(next_pow2(max(shape.num_q_heads, shape.num_kv_heads)), cap)
+    while block > 1 and shape.head_blocks(block) * block / shape.num_heads > max_waste:
+        block //= 2
+    return block
 
 
 @dataclass(frozen=True)
