@@ -9,15 +9,21 @@ compiling shows: a type error in a branch, or a tile whose loads fell apart into
 (which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
 at TP 1/2/4/8 this builds the CUDA plan, compiles the kernel with the divisibility hints a real
 launch gets (pointers and row strides divisible by 16), and requires the qkv tile to be moved in
-16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX). It prints last
-``compiled N/N CUDA kernel plans ...`` and exits non-zero on any failure.
+16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX). It also assembles the PTX
+with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes: registers
+are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on the Triton
+and ptxas versions: for 16/2/256 R64 this reports 243 (Triton 3.7.1) where Nsight Compute saw
+247 on the H200 (Triton 3.6), for 32/8/128 170 here against 128 there; read it as a trend. It prints last ``compiled N/N CUDA kernel plans ...`` and exits
+non-zero on any failure.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 from .device import cuda_facts
 from .models import geometry_table
@@ -51,7 +57,25 @@ def compile_plan(geometry) -> dict:
                               options=plan.launch_options)
     ptx = compiled.asm["ptx"]
     return {"plan": plan, "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
-            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx))}
+            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)), **_ptxas_report(ptx)}
+
+
+def _ptxas_report(ptx: str) -> dict:
+    """Registers per thread and spilled bytes, from ``ptxas -v`` on the PTX."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        result = subprocess.run([get_ptxas(TARGET_ARCH).path, f"-arch={arch}", "-v", path,
+                                 "-o", os.path.join(tmp, "kernel.cubin")],
+                                capture_output=True, text=True, check=True)
+    registers = re.search(r"Used (\d+) registers", result.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", result.stderr)
+    return {"registers": int(registers.group(1)) if registers else -1,
+            "spill_bytes": int(spills.group(1)) if spills else -1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
         return 2
     jobs = [(f"{name} tp{tp}", geometry) for name, tp, geometry in geometry_table()]
-    print(f"{'plan':24} {'geometry':26} {'BT':>3} {'BHq':>4} {'BHk':>4} {'warps':>5} {'v4':>4} {'b16':>4}  status")
+    print(f"{'plan':24} {'geometry':26} {'BT':>3} {'BHq':>4} {'BHk':>4} {'warps':>5} {'v4':>4} {'b16':>4} "
+          f"{'regs':>4} {'spill':>5}  status")
     ok = 0
     for label, geometry in jobs:
         try:
@@ -79,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         good = row["v4"] > 0
         ok += good
         print(f"{label:24} {geometry.label:26} {plan.block_tokens:3d} {plan.block_heads:4d} "
-              f"{plan.block_heads_k:4d} {plan.num_warps:5d} {row['v4']:4d} {row['scalar16']:4d}  "
-              f"{'ok' if good else 'FAIL: no 16-byte vector accesses'}")
+              f"{plan.block_heads_k:4d} {plan.num_warps:5d} {row['v4']:4d} {row['scalar16']:4d} "
+              f"{row['registers']:4d} {row['spill_bytes']:5d}  {'ok' if good else 'FAIL: no 16-byte vector accesses'}")
     print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU)")
     return 0 if ok == len(jobs) else 1
 
