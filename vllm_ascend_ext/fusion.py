@@ -18,8 +18,12 @@ norm form          graph spelling
 =================  ==========================================================================
 ``native``         vLLM's ``rms_norm`` native implementation, decomposed (fp32 cast, pow, mean,
                    add eps, rsqrt, mul, cast, mul weight). vLLM-CPU emits this.
+``native_gemma``   ``GemmaRMSNorm`` (Gemma-3, Qwen3-Next q/k norms): the same with the weight
+                   ``w.float() + 1.0`` (product in fp32, one cast). The op gets
+                   ``weight_offset=1.0``; only geometries with ``weight_offset == 1.0`` use it.
 ``vllm_ir``        ``torch.ops.vllm_ir.rms_norm(x, w, eps, None)`` (vLLM IR op, torch-wrapped;
-                   vLLM's CUDA default, lowered after this pass).
+                   vLLM's CUDA default, lowered after this pass); ``vllm_ir_gemma`` with
+                   ``w.float() + 1.0`` as the weight.
 ``npu``            ``torch.ops.npu.npu_rms_norm(x, w, eps) -> (y, rstd)`` (torch_npu, vllm-ascend).
 ``None``           no q/k norm (Llama, Qwen2): split + RoPE only, the op runs with weights None.
 =================  ==========================================================================
@@ -43,7 +47,11 @@ torch_npu cannot load.
 
 Each pattern's literal arguments (split sizes, head counts, eps, R) are checked exactly by the
 pattern matcher when a candidate is found (it re-traces the pattern on the candidate's own
-inputs), so a near miss (another eps, another head count) is left alone.
+inputs), so a near miss (another eps, another head count) is left alone. Before matching, the
+graph's reshape sizes are respelled from their output shapes (:func:`canonicalize_reshapes`;
+the pattern traces get the same treatment) and repeated split/view/slice nodes are merged
+(:func:`merge_duplicate_views`): models spell the head split differently, and GPT-J's
+``stack(...).flatten(-2)`` sizes its result by a second SymInt input of the same value.
 
 Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues``, where M
 counts the qkv splits in the graph that look like an attention prologue (three parts, the last
@@ -71,6 +79,8 @@ __all__ = [
     "QKNormRoPEFusionPass",
     "available_forms",
     "count_prologue_candidates",
+    "canonicalize_reshapes",
+    "native_gemma_rms_norm",
     "native_rms_norm",
     "native_rope",
 ]
@@ -100,6 +110,15 @@ def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     x = x * torch.rsqrt(variance + eps)
     x = x.to(weight.dtype) * weight
     return x.to(orig_dtype)
+
+
+def native_gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM's native ``GemmaRMSNorm``: the weight as ``1 + w`` in fp32, then :func:`native_rms_norm`.
+
+    With an fp32 weight the product is taken in fp32 and rounded to the activation dtype once
+    (the plain norm rounds the normalised x to the weight's dtype first).
+    """
+    return native_rms_norm(x, weight.float() + 1.0, eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
@@ -146,10 +165,15 @@ def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
 
 @dataclass(frozen=True)
 class NormForm:
-    """One spelling of the per-head RMSNorm: ``apply(x, weight, eps) -> y`` (same shape)."""
+    """One spelling of the per-head RMSNorm: ``apply(x, weight, eps) -> y`` (same shape).
+
+    ``weight_offset`` is what the spelling adds to the weight (1.0: Gemma's ``x * (1 + w)``); it
+    is matched only for geometries with that offset and handed to the op.
+    """
 
     name: str
     apply: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    weight_offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -174,12 +198,17 @@ def _op(namespace: str, name: str):
         return None
 
 
-def vllm_ir_norm_form() -> NormForm | None:
-    """``torch.ops.vllm_ir.rms_norm`` (present once vLLM is imported)."""
+def vllm_ir_norm_forms() -> list[NormForm]:
+    """``torch.ops.vllm_ir.rms_norm`` (present once vLLM is imported), plain and Gemma's.
+
+    ``GemmaRMSNorm.forward_native`` calls the same IR op with the weight ``w.float() + 1.0``.
+    """
     op = _op("vllm_ir", "rms_norm")
     if op is None:
-        return None
-    return NormForm("vllm_ir", lambda x, w, eps: op(x, w, eps, None))
+        return []
+    return [NormForm("vllm_ir", lambda x, w, eps: op(x, w, eps, None)),
+            NormForm("vllm_ir_gemma", lambda x, w, eps: op(x, w.float() + 1.0, eps, None),
+                     weight_offset=1.0)]
 
 
 def vllm_c_rope_form() -> RopeForm | None:
@@ -221,6 +250,7 @@ def npu_forms(rms_norm_op=None, rope_op=None) -> tuple[NormForm, RopeForm] | Non
 
 
 NATIVE_NORM = NormForm("native", native_rms_norm)
+NATIVE_GEMMA_NORM = NormForm("native_gemma", native_gemma_rms_norm, weight_offset=1.0)
 NATIVE_ROPE = RopeForm("native", native_rope, native=True)
 
 
@@ -230,10 +260,8 @@ def available_forms() -> list[tuple[NormForm | None, RopeForm]]:
     The native forms always; vLLM's custom-op forms once vLLM's ops are loaded; vllm-ascend's
     when torch_npu and vllm-ascend are. ``None`` as the norm means the no-norm prologue.
     """
-    norms: list[NormForm | None] = [NATIVE_NORM]
+    norms: list[NormForm | None] = [NATIVE_NORM, NATIVE_GEMMA_NORM, *vllm_ir_norm_forms()]
     ropes: list[RopeForm] = [NATIVE_ROPE]
-    if (form := vllm_ir_norm_form()) is not None:
-        norms.append(form)
     if (form := vllm_c_rope_form()) is not None:
         ropes.append(form)
     combos: list[tuple[NormForm | None, RopeForm]] = [(n, r) for r in ropes for n in [*norms, None]]
@@ -252,6 +280,7 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
     d, r, hq, hkv = geo.head_dim, geo.rotary_dim, geo.num_q_heads, geo.num_kv_heads
     q_size, kv_size = hq * d, hkv * d
     eps, neox = geo.eps, geo.is_neox
+    offset = norm.weight_offset if norm is not None else 0.0
     fused = custom_ops.functional_op()
 
     def split(qkv):
@@ -284,7 +313,7 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
 
         def replace(qkv, positions, cos_sin_cache, q_weight, k_weight):
             q, k = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d, eps,
-                         is_neox=neox)
+                         is_neox=neox, weight_offset=offset)
             q, k = shaped(q, k)
             return q, k, split(qkv)[2]
 
@@ -347,9 +376,11 @@ _VIEW_OPS = (
     torch.ops.aten.split.Tensor,
     torch.ops.aten.reshape.default,
     torch.ops.aten.view.default,
+    torch.ops.aten.slice.Tensor,
 )
 # (not unsqueeze: vLLM's RoPE unsqueezes cos/sin once for q and once for k, and the patterns
-# spell it that way.)
+# spell it that way. slice: GPT-J takes x[..., :R] once and its even and odd columns from it;
+# fp32 graphs on vLLM-CPU repeat that slice per consumer, like the split.)
 
 
 def _freeze(value):
@@ -361,7 +392,7 @@ def _freeze(value):
 
 
 def merge_duplicate_views(graph: torch.fx.Graph) -> int:
-    """Merge repeated identical split/view/getitem nodes (same target, same arguments).
+    """Merge repeated identical split/view/slice/getitem nodes (same target, same arguments).
 
     Inductor can leave one copy of the qkv split (and of the per-head reshape and the rotary
     halves) per consumer: seen in fp32 graphs on vLLM-CPU, three splits of one projection each
@@ -399,12 +430,68 @@ def merge_duplicate_views(graph: torch.fx.Graph) -> int:
     return merged
 
 
+#: The ops whose size argument :func:`canonicalize_reshapes` respells.
+_RESHAPE_OPS = (torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+
+
+def canonicalize_reshapes(graph: torch.fx.Graph) -> int:
+    """Spell every reshape/view's size from its output shape: ints, the one symbolic dim as -1.
+
+    The same reshape reaches the graph in several spellings: ``[s0, 4, 32]`` (sizes read off a
+    tensor: Qwen3's ``view(*x.shape[:-1], H, D)``, Gemma-3's ``unflatten``), ``[-1, 4, 32]``
+    (Qwen3-Next's ``view(-1, H, D)``), ``[s0, -1, 32]`` (vLLM's RoPE ``view(num_tokens, -1, D)``),
+    and the token count ``s0`` may be any of several graph inputs that carry the same symbol
+    (GPT-J's ``stack(...).flatten(-2)`` sizes its result by the cos/sin rows, i.e. by a second
+    SymInt placeholder of the same value). A pattern re-traced on a candidate spells the sizes
+    its own way and names one symbol node, so an uncanonical spelling is a miss. Rewriting both
+    the graph and every pattern trace to ``[-1, 4, 32]`` (``[.., ..]`` all ints when static)
+    removes that difference. The result shape is unchanged, so semantics are too. Nodes with
+    more than one symbolic output dim, a zero-sized static dim next to a symbolic one, or no
+    ``meta["val"]`` are left as they are.
+
+    Returns
+    -------
+    int
+        Nodes rewritten.
+    """
+    changed = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _RESHAPE_OPS or len(node.args) != 2:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        shape = tuple(val.shape)
+        symbolic = [i for i, size in enumerate(shape) if not isinstance(size, int)]
+        if len(symbolic) > 1 or (symbolic and 0 in shape):
+            continue
+        sizes = [-1 if i in symbolic else size for i, size in enumerate(shape)]
+        current = node.args[1]
+        if isinstance(current, (list, tuple)) and list(current) == sizes and all(
+                isinstance(s, int) for s in current):
+            continue
+        node.args = (node.args[0], sizes)
+        changed += 1
+    return changed
+
+
+def _trace_views(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
+    """``fwd_only`` with canonical reshape sizes (the graph as an aot_autograd backend sees it)."""
+    gm = pm.fwd_only(fn, args, *extra, **kwargs)
+    canonicalize_reshapes(gm.graph)
+    gm.recompile()
+    return gm
+
+
 def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
-    """``fwd_only`` followed by the view -> reshape rewrite Inductor applies before custom passes."""
+    """``fwd_only`` followed by the view -> reshape rewrite Inductor applies before custom passes,
+    with canonical reshape sizes."""
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
     gm = pm.fwd_only(fn, args, *extra, **kwargs)
     view_to_reshape(gm)
+    canonicalize_reshapes(gm.graph)
+    gm.recompile()
     return gm
 
 
@@ -487,8 +574,8 @@ class QKNormRoPEFusionPass(CustomGraphPass):
                         variant = (geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim,
                                    geo.is_neox, None, rope.name)
                     else:
-                        if not geo.qk_norm or geo.weight_offset:
-                            continue  # (1 + w) norms are spelled differently; not matched
+                        if not geo.qk_norm or norm.weight_offset != geo.weight_offset:
+                            continue  # a (1 + w) norm only for (1 + w) geometries, and back
                         variant = (geo, norm.name, rope.name)
                     if variant in seen:
                         continue
@@ -496,7 +583,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
                     # Inductor rewrites view -> reshape before custom passes; vllm-ascend's own
                     # compiler (aot_autograd + its pass manager) does not: the custom-op forms
                     # are registered in both spellings.
-                    traces = (_trace,) if rope.native else (_trace, pm.fwd_only)
+                    traces = (_trace,) if rope.native else (_trace, _trace_views)
                     for dtype in self._dtypes:
                         for trace in traces:
                             search, replace = _pattern_fns(geo, norm, rope)
@@ -511,6 +598,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> int:
         """Fuse every matching prologue of ``graph`` in place; return how many were fused."""
         geometries = self.geometries()
+        canonicalize_reshapes(graph)
         merge_duplicate_views(graph)
         total = count_prologue_candidates(graph, geometries)
         try:
@@ -520,6 +608,11 @@ class QKNormRoPEFusionPass(CustomGraphPass):
                            type(exc).__name__, exc)
             fused = 0
         if fused:
+            # The matcher inserts each op before the first output of its match; an input bound
+            # to a node defined later (a weight computed in the graph, such as ``w + 1``) is then
+            # used before its definition. Inductor sorts right after this pass; we need it before
+            # dead-code elimination, which lints the graph.
+            pm.stable_topological_sort(graph)
             graph.eliminate_dead_code()
         self.last_counts = (fused, total)
         logger.info(LOG_FORMAT, fused, total)

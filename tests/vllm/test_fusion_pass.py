@@ -5,6 +5,8 @@ Each test compiles a prologue written as vLLM writes it (``prologues.py``) with
 the match count the pass reports and the numerics against the uncompiled module. Near misses
 (another eps, another head split of the same widths) must be left alone. vllm-ascend's form is
 checked on an aot_autograd graph (the compiler vllm-ascend uses) built with stand-in ops.
+GPT-J pairs are checked as GLM-4 writes them (partial rotary, no q/k norm) and with a q/k norm;
+Gemma's ``x * (1 + w)`` q/k norm in the head splits of Gemma-3, Qwen3-Next and Qwen3.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ QWEN = AttentionGeometry(4, 2, 32, 32, eps=1e-6)
 LLAMA = AttentionGeometry(4, 2, 32, 32, qk_norm=False)
 PARTIAL = AttentionGeometry(4, 2, 32, 16, eps=1e-6)
 OTHER = AttentionGeometry(2, 1, 64, 64, eps=1e-6)  # same qkv widths as QWEN, other head split
+GLM4 = AttentionGeometry(4, 2, 128, 64, is_neox=False, qk_norm=False)  # GPT-J pairs, R = D/2
+GPTJ_NORM = AttentionGeometry(4, 2, 32, 32, is_neox=False, eps=1e-6)
+GEMMA = AttentionGeometry(4, 2, 32, 32, weight_offset=1.0, eps=1e-6)
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +70,9 @@ def _check_close(got, want, dtype):
         torch.testing.assert_close(g.float(), w.float(), **TOLERANCES[dtype])
 
 
-@pytest.mark.parametrize("geo", [QWEN, LLAMA, PARTIAL], ids=["qwen3", "llama-nonorm", "partial-rotary"])
+@pytest.mark.parametrize(
+    "geo", [QWEN, LLAMA, PARTIAL, GLM4, GPTJ_NORM],
+    ids=["qwen3", "llama-nonorm", "partial-rotary", "glm4-gptj-partial-nonorm", "gptj-qknorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_fuses_and_keeps_numerics(geo, dtype, caplog):
     torch.manual_seed(0)
@@ -80,6 +87,61 @@ def test_fuses_and_keeps_numerics(geo, dtype, caplog):
     lines = [r.getMessage() for r in caplog.records if "attention prologues" in r.getMessage()]
     assert lines == [LOG_FORMAT % (1, 1)]
     _check_close(got, want, dtype)
+
+
+def _fused_calls(module, geo, dtype, *args):
+    """Compile with the pass; return its counts and the kwargs of each fused-op node."""
+    seen = {}
+
+    class Spy(QKNormRoPEFusionPass):
+        def __call__(self, graph):
+            fused = super().__call__(graph)
+            seen["calls"] = [dict(n.kwargs) for n in graph.nodes
+                             if n.op == "call_function" and n.target is custom_ops.functional_op()]
+            return fused
+
+    pass_ = Spy([geo], dtypes=(dtype,))
+    got = _compile(module, pass_, *args)
+    return pass_.last_counts, seen["calls"], got
+
+
+@pytest.mark.parametrize("view_style", ["gemma3", "qwen3_next", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gemma_norm_fuses_with_weight_offset(view_style, dtype):
+    torch.manual_seed(0)
+    module = Prologue(GEMMA, dtype, view_style=view_style)
+    qkv, positions = _inputs(GEMMA, dtype)
+    with torch.no_grad():
+        want = module(qkv, positions)
+    counts, calls, got = _fused_calls(module, GEMMA, dtype, qkv, positions)
+    assert counts == (1, 1)
+    assert [c.get("weight_offset") for c in calls] == [1.0]
+    _check_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype, counts", [(torch.float32, (1, 1)), (torch.bfloat16, (0, 1))],
+                         ids=["fp32", "bf16"])
+def test_gemma_model_with_plain_geometry(dtype, counts):
+    """A (1 + w) model under a plain-norm pass. fp32: the plain pattern matches with ``w + 1``
+    (computed in the graph, after the split) as its weight, which is exact; the graph must then
+    be re-sorted, not fail to compile. bf16: the plain norm rounds before the weight, Gemma's
+    after, so it is no match."""
+    torch.manual_seed(0)
+    module = Prologue(GEMMA, dtype, view_style="gemma3")
+    qkv, positions = _inputs(GEMMA, dtype)
+    with torch.no_grad():
+        want = module(qkv, positions)
+    pass_ = QKNormRoPEFusionPass([AttentionGeometry(4, 2, 32, 32, eps=1e-6)], dtypes=(dtype,))
+    got = _compile(module, pass_, qkv, positions)
+    assert pass_.last_counts == counts
+    _check_close(got, want, dtype)
+
+
+def test_gptj_fused_call_says_gptj():
+    module = Prologue(GLM4, torch.float32)
+    counts, calls, _ = _fused_calls(module, GLM4, torch.float32, *_inputs(GLM4, torch.float32))
+    assert counts == (1, 1)
+    assert [c.get("is_neox") for c in calls] == [False]
 
 
 def test_fused_graph_calls_the_op_and_drops_the_native_code():
@@ -121,8 +183,13 @@ def test_two_geometries_in_one_graph():
         (AttentionGeometry(4, 2, 32, 32, eps=1e-5), QWEN),  # wrong eps
         (OTHER, QWEN),  # same split widths, wrong head count / head size
         (QWEN, AttentionGeometry(4, 2, 32, 32, is_neox=False, eps=1e-6)),  # wrong rotary style
+        (GLM4, AttentionGeometry(4, 2, 128, 64, qk_norm=False)),  # GPT-J model, NeoX pass
+        (GLM4, AttentionGeometry(4, 2, 128, 32, is_neox=False, qk_norm=False)),  # other R
+        (QWEN, GEMMA),  # x * w model, x * (1 + w) pass
+        (AttentionGeometry(4, 2, 32, 32, weight_offset=1.0, eps=1e-5), GEMMA),  # Gemma, wrong eps
     ],
-    ids=["eps", "head-count", "style"],
+    ids=["eps", "head-count", "style", "gptj-style", "gptj-rotary-dim", "plain-norm-gemma-pass",
+         "gemma-eps"],
 )
 def test_near_miss_is_left_alone(model_geo, pass_geo):
     torch.manual_seed(0)
