@@ -112,10 +112,7 @@ def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
 
     variant = variant or Variant("")
     elem = {"bf16": 2, "fp16": 2, "fp32": 4}
-    shape = KernelShape(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
-                        head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
-                        elem_bytes=elem[variant.dtype], cache_bytes=elem[variant.cache_dtype],
-                        is_neox=geometry.is_neox)
+    shape = KernelShape.of(geometry, elem[variant.dtype], elem[variant.cache_dtype])
     plan = ascend.plan(shape, ascend_facts())
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False

@@ -44,8 +44,7 @@ def compile_plan(geometry) -> dict:
     from .split_qkv_rmsnorm_rope import _constexprs, _signature
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
-    shape = KernelShape(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
-                        geometry.rotary_dim, 2, 4, geometry.is_neox)
+    shape = KernelShape.of(geometry, 2, 4)
     plan = cuda.plan(shape, cuda_facts())
     signature = _signature("bf16", "fp32")
     constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,

@@ -59,7 +59,7 @@ def main() -> int:
     records = []
     for name, tp in BENCH_GEOMETRIES:
         g = model(name).shard(tp)
-        shape = KernelShape(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, 2, 4, g.is_neox)
+        shape = KernelShape.of(g, 2, 4)
         current = cuda.plan(shape, facts)
         for count in args.tokens:
             inputs = make_inputs(g, count, device)

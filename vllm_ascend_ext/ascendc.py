@@ -206,13 +206,14 @@ def ub_buffers(
 def plan(
     num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, elem_bytes: int, cache_bytes: int,
     *, q_weight: bool = True, k_weight: bool = True, q_bias: bool = False, k_bias: bool = False,
-    device_index: int | None = None,
+    is_neox: bool = True, device_index: int | None = None,
 ) -> AscendCPlan:
     """The AscendC plan for one layer geometry, derived from the Triton op's Ascend plan.
 
     ``block_heads`` and the grid come unchanged from ``vllm_ascend_ext.ops.tiling.ascend.plan``;
     ``block_tokens`` starts at that plan's and is halved while :func:`ub_buffers` exceeds the
-    same budget (``ub_bytes * (1 - UB_RESERVE_FRACTION)``).
+    same budget (``ops.tiling.ascend.ub_budget``). ``is_neox`` picks the Triton plan the op
+    itself would launch (its UB model reads GPT-J rows twice).
 
     Raises
     ------
@@ -224,9 +225,9 @@ def plan(
     from vllm_ascend_ext.ops.tiling import ascend as ascend_tiling
 
     facts = ascend_facts(device_index)
-    shape = KernelShape(num_q_heads, num_kv_heads, head_dim, rotary_dim, elem_bytes, cache_bytes)
+    shape = KernelShape(num_q_heads, num_kv_heads, head_dim, rotary_dim, elem_bytes, cache_bytes, is_neox)
     base = ascend_tiling.plan(shape, facts)
-    budget = int(facts.ub_bytes * (1 - ascend_tiling.UB_RESERVE_FRACTION))
+    budget = ascend_tiling.ub_budget(facts)
     flags = dict(q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias)
 
     def buffers(tokens: int) -> tuple[tuple[str, int], ...]:
@@ -354,7 +355,8 @@ def tiling(
     elem = qkv.element_size()
     p = plan_override or _forced_plan[0] or plan(
         num_q_heads, num_kv_heads, head_dim, rotary_dim, elem, cos_sin_cache.element_size(),
-        q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, device_index=device_index,
+        q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, is_neox=is_neox,
+        device_index=device_index,
     )
     num_tokens = qkv.shape[0]
     flags = (FLAG_NEOX if is_neox else 0) | (FLAG_Q_WEIGHT if q_weight else 0) | (FLAG_K_WEIGHT if k_weight else 0)

@@ -264,9 +264,7 @@ def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[di
     plans = []
     elem = torch.empty((), dtype=dtype).element_size()
     for geo in geometries:
-        shape = KernelShape(num_q_heads=geo.num_q_heads, num_kv_heads=geo.num_kv_heads,
-                            head_dim=geo.head_dim, rotary_dim=geo.rotary_dim, elem_bytes=elem,
-                            cache_bytes=elem, is_neox=geo.is_neox)
+        shape = KernelShape.of(geo, elem, elem)
         plan = plan_for(device, shape)
         plans.append({"geometry": asdict(geo), "plan": type(plan).__name__,
                       "fields": {k: v for k, v in sorted(vars(plan).items())

@@ -44,6 +44,13 @@ class KernelShape:
     cache_bytes: int  # cos_sin_cache element size
     is_neox: bool = True
 
+    @classmethod
+    def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
+        """The shape of an ``ops.models.AttentionGeometry`` with these element sizes."""
+        return cls(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
+                   head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
+                   elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox)
+
     @property
     def num_heads(self) -> int:
         """q and k heads together: the heads the kernel touches."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import KernelShape, PlanBase, next_pow2
 from ..device import AscendFacts
 
-__all__ = ["AscendPlan", "UbBuffer", "plan", "ub_buffers"]
+__all__ = ["AscendPlan", "UbBuffer", "plan", "ub_budget", "ub_buffers"]
 
 #: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
 #: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
@@ -119,6 +119,11 @@ def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple
     return gm + second + vector
 
 
+def ub_budget(facts: AscendFacts) -> int:
+    """UB bytes a tile's modelled buffers may take: the capacity less the compiler's reserve."""
+    return int(facts.ub_bytes * (1 - UB_RESERVE_FRACTION))
+
+
 @functools.lru_cache(maxsize=None)
 def plan(shape: KernelShape, facts: AscendFacts) -> AscendPlan:
     """The Ascend plan for one layer geometry on one NPU (pure: same inputs, same plan).
@@ -131,7 +136,7 @@ def plan(shape: KernelShape, facts: AscendFacts) -> AscendPlan:
     ValueError
         If not even ``MIN_BLOCK_TOKENS`` tokens of one head fit the UB.
     """
-    budget = int(facts.ub_bytes * (1 - UB_RESERVE_FRACTION))
+    budget = ub_budget(facts)
     block_heads = block_heads_for(shape, MAX_BLOCK_HEADS, MAX_HEAD_WASTE)
 
     def fits(tokens: int, heads: int) -> bool:

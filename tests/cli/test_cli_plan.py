@@ -17,8 +17,7 @@ def _plan_json(cli, *argv):
 
 
 def _shape(geometry, elem=2, cache=4):
-    return KernelShape(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim, geometry.rotary_dim,
-                       elem, cache, geometry.is_neox)
+    return KernelShape.of(geometry, elem, cache)
 
 
 @pytest.mark.parametrize("spec", MODELS, ids=lambda s: s.name)

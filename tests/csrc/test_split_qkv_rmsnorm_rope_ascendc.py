@@ -245,7 +245,7 @@ def test_matches_float64_reference(host_sim, case):
     check_memory(case, host_sim, res)
     plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, case.dtype.itemsize, res["cache"].element_size(),
                         q_weight=case.q_norm, k_weight=case.k_norm, q_bias=case.bias and case.q_norm,
-                        k_bias=case.bias and case.k_norm)
+                        k_bias=case.bias and case.k_norm, is_neox=case.neox)
     assert host_sim.ub_peak == plan.ub_bytes <= plan.ub_budget, "UB model differs from the kernel's allocation"
     assert host_sim.blocks_run == host_sim.block_dim == plan.grid(case.tokens, case.hq, case.hkv)
 
@@ -359,9 +359,8 @@ def test_plan_fits_every_model_geometry():
             continue
         for cache_bytes in (2, 4):
             p = ascendc.plan(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, 2, cache_bytes,
-                             q_weight=g.qk_norm, k_weight=g.qk_norm)
-            triton = ascend_tiling.plan(KernelShape(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, 2,
-                                                    cache_bytes), ascend_facts(None))
+                             q_weight=g.qk_norm, k_weight=g.qk_norm, is_neox=g.is_neox)
+            triton = ascend_tiling.plan(KernelShape.of(g, 2, cache_bytes), ascend_facts(None))
             assert p.ub_bytes <= p.ub_budget
             assert (p.block_heads, p.max_programs) == (triton.block_heads, triton.max_programs)
             assert 1 <= p.block_tokens <= triton.block_tokens

@@ -130,8 +130,7 @@ def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> l
     The looping count is skipped in the interpreter when the plan's grid is large (the CUDA plan
     has SMs x 8 programs); ``test_grid_stride_loop`` covers looping there with a small plan.
     """
-    shape = KernelShape(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
-                        geometry.rotary_dim, 2, 4, geometry.is_neox)
+    shape = KernelShape.of(geometry, 2, 4)
     with tiling.forced(backend):
         plan = plan_for(device, shape)
     bt = plan.block_tokens

@@ -76,16 +76,13 @@ def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_fa
         geometry = spec.shard(tp)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    shape = KernelShape(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
-                        head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
-                        elem_bytes=DTYPE_BYTES[dtype], cache_bytes=DTYPE_BYTES[cache_dtype],
-                        is_neox=geometry.is_neox)
+    shape = KernelShape.of(geometry, DTYPE_BYTES[dtype], DTYPE_BYTES[cache_dtype])
     try:
         a_plan = ascend.plan(shape, ascend_facts)
     except ValueError as exc:
         raise CliError(f"tp={tp}: no Ascend tile fits: {exc}") from None
     c_plan = cuda.plan(shape, cuda_facts)
-    budget = int(ascend_facts.ub_bytes * (1 - ascend.UB_RESERVE_FRACTION))
+    budget = ascend.ub_budget(ascend_facts)
     return {
         "tp": tp,
         "geometry": {
