@@ -7,9 +7,10 @@ Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PT
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
 (which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
-at TP 1/2/4/8 this builds the CUDA plan, compiles the kernel with the divisibility hints a real
-launch gets (pointers and row strides divisible by 16), and requires the qkv tile to be moved in
-16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX). It also assembles the PTX
+at TP 1/2/4/8 this builds both CUDA plans (large and small-batch), compiles the kernel with the divisibility hints a real
+launch gets (pointers and row strides divisible by 16), and requires the large plan's tiles to
+be moved in 16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX; the small-batch
+plan's one-token tiles at least in 8-byte ones). It also assembles the PTX
 with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes: registers
 are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on the Triton
 and ptxas versions: for 16/2/256 R64 this reports 243 (Triton 3.7.1) where Nsight Compute saw
@@ -35,8 +36,9 @@ _DIVISIBLE = ("qkv_ptr", "q_out_ptr", "k_out_ptr", "q_w_ptr", "k_w_ptr", "q_b_pt
               "cache_ptr", "pos_ptr", "qkv_stride", "q_out_stride", "k_out_stride", "cache_stride")
 
 
-def compile_plan(geometry) -> dict:
-    """Compile one geometry's CUDA plan to PTX; count the vector and scalar global accesses."""
+def compile_plan(geometry, small: bool = False) -> dict:
+    """Compile one geometry's CUDA plan (``small``: the small-batch plan) to PTX; count the
+    vector and scalar global accesses."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,7 +47,7 @@ def compile_plan(geometry) -> dict:
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
     shape = KernelShape.of(geometry, 2, 4)
-    plan = cuda.plan(shape, cuda_facts())
+    plan = (cuda.small_batch_plan if small else cuda.plan)(shape, cuda_facts())
     signature = _signature("bf16", "fp32")
     constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
                              q_bias=False, k_bias=False)
@@ -56,6 +58,7 @@ def compile_plan(geometry) -> dict:
                               options=plan.launch_options)
     ptx = compiled.asm["ptx"]
     return {"plan": plan, "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
+            "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
             "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)), **_ptxas_report(ptx)}
 
 
@@ -88,23 +91,30 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
         return 2
-    jobs = [(f"{name} tp{tp}", geometry) for name, tp, geometry in geometry_table()]
-    print(f"{'plan':24} {'geometry':26} {'BT':>3} {'BHq':>4} {'BHk':>4} {'warps':>5} {'v4':>4} {'b16':>4} "
-          f"{'regs':>4} {'spill':>5}  status")
+    jobs = [(f"{name} tp{tp}", geometry, small) for name, tp, geometry in geometry_table()
+            for small in (False, True)]
+    print(f"{'plan':24} {'geometry':26} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
+          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'regs':>4} {'spill':>5}  status")
     ok = 0
-    for label, geometry in jobs:
+    for label, geometry, small in jobs:
+        kind = "small" if small else "large"
         try:
-            row = compile_plan(geometry)
+            row = compile_plan(geometry, small)
         except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
             first = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"{label:24} {geometry.label:26} compile failed: {type(exc).__name__}: {first}")
+            print(f"{label:24} {geometry.label:26} {kind:5} compile failed: {type(exc).__name__}: {first}")
             continue
         plan = row["plan"]
-        good = row["v4"] > 0
+        # The large plan's tiles must move in 16-byte vectors; the small-batch plan's one-token
+        # tiles spread over 4 warps may use 8-byte ones, but never only scalars.
+        good = row["v4"] > 0 if not small else row["v4"] + row["v2"] > 0
         ok += good
-        print(f"{label:24} {geometry.label:26} {plan.block_tokens:3d} {plan.block_heads:4d} "
-              f"{plan.block_heads_k:4d} {plan.num_warps:5d} {row['v4']:4d} {row['scalar16']:4d} "
-              f"{row['registers']:4d} {row['spill_bytes']:5d}  {'ok' if good else 'FAIL: no 16-byte vector accesses'}")
+        tail = KernelShape.of(geometry, 2, 4)
+        print(f"{label:24} {geometry.label:26} {kind:5} {plan.block_tokens:3d} "
+              f"{plan.block_heads:4d} {plan.block_heads_k:4d} {plan.tail_width(tail) if tail.pass_dim else 0:4d} "
+              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} "
+              f"{row['registers']:4d} {row['spill_bytes']:5d}  "
+              f"{'ok' if good else 'FAIL: no vector accesses'}")
     print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU)")
     return 0 if ok == len(jobs) else 1
 

@@ -80,40 +80,57 @@ def _affine(x, rstd, w, b, BIAS: tl.constexpr):
 @triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin,
-    ia, ib, i_ok, jp, j_ok, w_a, w_b, w_p, b_a, b_b, b_p, eps,
-    HEAD_DIM: tl.constexpr, PASS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
+    HEAD_DIM: tl.constexpr, PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
+    NORM: tl.constexpr, BIAS: tl.constexpr,
 ):
     """Normalise and rotate one block of heads of one tensor (q or k): load, math, store.
 
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
-    ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the pass-through tail.
+    ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the first ``TAIL_W`` lanes
+    of the pass-through tail. The tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
+    one chunk it is held from load to store; with more, the first pass only sums its squares
+    and the second loads each chunk again (a cache hit) to scale and store it, so no more than
+    one chunk is live at a time.
     """
     row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
     ab_ok = row_ok & i_ok[None, None, :]
-    p_ok = row_ok & j_ok[None, None, :]
     src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
 
     a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
     b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
-    if PASS > 0:
-        p = tl.load(src + jp[None, None, :], mask=p_ok, other=0.0).to(tl.float32)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
-        if PASS > 0:
-            sum_sq += tl.sum(p * p, axis=2)
+    if PASS > 0:
+        for c in tl.static_range(TAIL_CHUNKS):
+            jc = jp + c * TAIL_W
+            p = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
+                        other=0.0).to(tl.float32)
+            if NORM:
+                sum_sq += tl.sum(p * p, axis=2)
+    if NORM:
         rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
-        a = _affine(a, rstd, w_a, b_a, BIAS)
-        b = _affine(b, rstd, w_b, b_b, BIAS)
-        if PASS > 0:
-            p = _affine(p, rstd, w_p, b_p, BIAS)
+        a = _affine(a, rstd, _load_affine(w_ptr, ia, i_ok, weight_offset, NORM, 1.0),
+                    _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0), BIAS)
+        b = _affine(b, rstd, _load_affine(w_ptr, ib, i_ok, weight_offset, NORM, 1.0),
+                    _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0), BIAS)
 
     out_ty = out_ptr.dtype.element_ty
     tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
     tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
     if PASS > 0:
-        tl.store(dst + jp[None, None, :], p.to(out_ty), mask=p_ok)
+        for c in tl.static_range(TAIL_CHUNKS):
+            jc = jp + c * TAIL_W
+            jc_ok = jc < HEAD_DIM
+            if TAIL_CHUNKS > 1:
+                p = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
+                            other=0.0).to(tl.float32)
+            if NORM:
+                p = _affine(p, rstd, _load_affine(w_ptr, jc, jc_ok, weight_offset, NORM, 1.0),
+                            _load_affine(b_ptr, jc, jc_ok, 0.0, BIAS, 0.0), BIAS)
+            tl.store(dst + jc[None, None, :], p.to(out_ty), mask=row_ok & jc_ok[None, None, :])
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position"])
@@ -125,7 +142,8 @@ def _split_qkv_rmsnorm_rope_kernel(
     qkv_stride, q_out_stride, k_out_stride, cache_stride, pos_stride,
     eps, weight_offset,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr, PASS_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
+    TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
@@ -135,7 +153,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     HEAD_BLOCKS: tl.constexpr = Q_BLOCKS + (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
 
-    # Lanes of a head, and the weights and biases split the same way, once per program.
+    # Lanes of a head, once per program.
     i = tl.arange(0, HALF_PAD)
     i_ok = i < HALF
     if IS_NEOX:
@@ -144,20 +162,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     else:
         ia = 2 * i
         ib = 2 * i + 1
-    jp = 2 * HALF + tl.arange(0, PASS_PAD)
-    j_ok = jp < HEAD_DIM
-    qw_a = _load_affine(q_w_ptr, ia, i_ok, weight_offset, Q_NORM, 1.0)
-    qw_b = _load_affine(q_w_ptr, ib, i_ok, weight_offset, Q_NORM, 1.0)
-    qw_p = _load_affine(q_w_ptr, jp, j_ok, weight_offset, Q_NORM and PASS > 0, 1.0)
-    kw_a = _load_affine(k_w_ptr, ia, i_ok, weight_offset, K_NORM, 1.0)
-    kw_b = _load_affine(k_w_ptr, ib, i_ok, weight_offset, K_NORM, 1.0)
-    kw_p = _load_affine(k_w_ptr, jp, j_ok, weight_offset, K_NORM and PASS > 0, 1.0)
-    qb_a = _load_affine(q_b_ptr, ia, i_ok, 0.0, Q_BIAS, 0.0)
-    qb_b = _load_affine(q_b_ptr, ib, i_ok, 0.0, Q_BIAS, 0.0)
-    qb_p = _load_affine(q_b_ptr, jp, j_ok, 0.0, Q_BIAS and PASS > 0, 0.0)
-    kb_a = _load_affine(k_b_ptr, ia, i_ok, 0.0, K_BIAS, 0.0)
-    kb_b = _load_affine(k_b_ptr, ib, i_ok, 0.0, K_BIAS, 0.0)
-    kb_p = _load_affine(k_b_ptr, jp, j_ok, 0.0, K_BIAS and PASS > 0, 0.0)
+    jp = 2 * HALF + tl.arange(0, TAIL_W)
 
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         head_block = tile % HEAD_BLOCKS
@@ -178,13 +183,15 @@ def _split_qkv_rmsnorm_rope_kernel(
         if head_block < Q_BLOCKS:
             q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
             _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, ia, ib, i_ok, jp, j_ok,
-                        qw_a, qw_b, qw_p, qb_a, qb_b, qb_p, eps, HEAD_DIM, PASS, Q_NORM, Q_BIAS)
+                        q_out_stride, cos, sin, ia, ib, i_ok, jp,
+                        q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, PASS, TAIL_W, TAIL_CHUNKS,
+                        Q_NORM, Q_BIAS)
         else:
             k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
             _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, k_head,
-                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, ia, ib, i_ok, jp, j_ok,
-                        kw_a, kw_b, kw_p, kb_a, kb_b, kb_p, eps, HEAD_DIM, PASS, K_NORM, K_BIAS)
+                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, ia, ib, i_ok, jp,
+                        k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, PASS, TAIL_W, TAIL_CHUNKS,
+                        K_NORM, K_BIAS)
 
 
 def _check_vector(name, tensor, length, device):
@@ -318,7 +325,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     shape = KernelShape(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                         rotary_dim=rotary_dim, elem_bytes=qkv.element_size(),
                         cache_bytes=cos_sin_cache.element_size(), is_neox=bool(is_neox))
-    plan = plan_for(qkv.device, shape)
+    plan = plan_for(qkv.device, shape, num_tokens)
     _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
         qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k,
         q_w_ptr=qkv if q_weight is None else q_weight,
@@ -342,7 +349,8 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
     """The kernel's compile-time arguments for one layer geometry, feature set and plan."""
     return dict(
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
-        HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim, PASS_PAD=shape.pass_pad,
+        HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
+        TAIL_W=plan.tail_width(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
         IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
     )

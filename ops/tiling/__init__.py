@@ -19,7 +19,8 @@ import torch
 
 from .. import device as _device
 
-__all__ = ["KernelShape", "PlanBase", "forced", "next_pow2", "plan_for", "prev_pow2"]
+__all__ = ["KernelShape", "PlanBase", "forced", "next_pow2", "plan_for", "prev_pow2",
+           "warm_up_token_counts"]
 
 
 def next_pow2(n: int) -> int:
@@ -104,14 +105,26 @@ class PlanBase:
     def block_heads_k(self) -> int:
         return self.block_heads
 
+    def head_blocks(self, shape: KernelShape) -> int:
+        """Head blocks per token block: q's blocks of ``block_heads``, then k's."""
+        return shape.head_blocks(self.block_heads, self.block_heads_k)
+
     @property
     def launch_options(self) -> dict:
         """Backend-specific keyword arguments of the launch (``num_warps`` ...)."""
         return {}
 
+    def tail_width(self, shape: KernelShape) -> int:
+        """Lanes of one chunk of the pass-through tail: by default the whole tail, padded."""
+        return shape.pass_pad
+
+    def tail_chunks(self, shape: KernelShape) -> int:
+        """Chunks of :meth:`tail_width` lanes covering the tail (1 when there is no tail)."""
+        return max(1, -(-shape.pass_dim // self.tail_width(shape)))
+
     def num_tiles(self, shape: KernelShape, num_tokens: int) -> int:
-        """Tiles of ``block_tokens`` x ``block_heads`` covering ``num_tokens`` tokens."""
-        return -(-num_tokens // self.block_tokens) * shape.head_blocks(self.block_heads, self.block_heads_k)
+        """Tiles covering ``num_tokens`` tokens (the kernel computes the same at run time)."""
+        return -(-num_tokens // self.block_tokens) * self.head_blocks(shape)
 
     def grid(self, shape: KernelShape, num_tokens: int) -> int:
         """Programs to launch: one per tile, at most ``max_programs`` (they loop grid-stride).
@@ -125,7 +138,7 @@ class PlanBase:
         if tiles <= self.max_programs:
             return max(1, tiles)
         programs = self.max_programs
-        if programs % shape.head_blocks(self.block_heads, self.block_heads_k) == 0:
+        if programs % self.head_blocks(shape) == 0:
             programs -= 1
         return programs
 
@@ -151,8 +164,12 @@ def forced(backend: str | None = None, plan: PlanBase | None = None):
         _forced_backend, _forced_plan = saved
 
 
-def plan_for(device: torch.device, shape: KernelShape) -> PlanBase:
-    """The launch plan for ``shape`` on ``device`` (plans are cached pure functions of facts)."""
+def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = None) -> PlanBase:
+    """The launch plan for ``shape`` on ``device`` (plans are cached pure functions of facts).
+
+    CUDA has a small-batch plan beside the large one (``cuda.plan_for_tokens``): ``num_tokens``
+    picks between them; ``None`` means the large plan. Ascend has one plan for every batch size.
+    """
     from . import ascend, cuda
 
     if _forced_plan is not None:
@@ -163,6 +180,21 @@ def plan_for(device: torch.device, shape: KernelShape) -> PlanBase:
         index = None
         if native == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-        return cuda.plan(shape, _device.cuda_facts(index))
+        facts = _device.cuda_facts(index)
+        if num_tokens is None:
+            return cuda.plan(shape, facts)
+        return cuda.plan_for_tokens(shape, facts, num_tokens)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
+
+
+def warm_up_token_counts(device: torch.device, shape: KernelShape) -> tuple[int, ...]:
+    """One token count per plan :func:`plan_for` can pick on ``device`` (to compile each ahead of
+    time): CUDA's small-batch and large plans, or Ascend's one plan."""
+    from . import cuda
+
+    if (_forced_plan is None and _forced_backend in (None, "cuda")
+            and _device.backend_of(device) == "cuda"):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return 1, cuda.small_batch_max_tokens(shape, _device.cuda_facts(index)) + 1
+    return (1,)

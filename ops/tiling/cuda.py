@@ -13,21 +13,44 @@ from dataclasses import dataclass
 from . import KernelShape, PlanBase, next_pow2, prev_pow2
 from ..device import CudaFacts
 
-__all__ = ["CudaPlan", "plan"]
+__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_plan"]
 
-#: Padded head elements per q tile (both rotary halves and the tail): 4096 was best or within
-#: 3% of the best at T >= 4096 on every 128-dim geometry (perf-notes v3 sweep).
+#: Padded head elements per q tile (both rotary halves and the tail, or one tail chunk): 4096
+#: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (perf-notes v3
+#: sweep), and beat 8192 on all four benchmark geometries in v5.
 TILE_ELEMENTS = 4096
 #: Elements of the widest sub-tile (a rotary half, or the pass-through tail) each thread holds.
 #: Fewer per thread (more warps) split the loads into 2- and 4-byte accesses: 8 warps on a
 #: 4096-element tile ran 1.8-2.2x slower than 2 warps (perf-notes v1); v3 found 32 best.
 ELEMENTS_PER_THREAD = 32
-MIN_WARPS, MAX_WARPS = 1, 8
+#: 2 warps is the fewest any sweep has timed (v1-v5), and the sweeps' favourite at T >= 4096.
+MIN_WARPS, MAX_WARPS = 2, 8
 #: Heads per tile at most: 8 beat "all of q's heads" by 5-10% at T >= 4096 (perf-notes v3).
 MAX_BLOCK_HEADS = 8
-#: Resident programs per SM the grid is capped at; the persistent loop takes the rest. 16 beat
-#: 4 at every T >= 4096 in perf-notes v3.
-PROGRAMS_PER_SM = 16
+#: Cut a pass-through tail of at least this many (padded) lanes into chunks of the rotary half's
+#: width, summed in one pass and scaled in a second that loads them again (a cache hit), so one
+#: chunk is live at a time. Held whole, the 192-lane tail of 16/2/256 R64 took 247 registers per
+#: thread and 12% occupancy (v4, ncu); chunked, 16/2/256 R64 and 64/4/192 R64 ran 2.0-2.8x
+#: faster at T >= 4096, while the 64-lane tails of GLM-4 (128/R64 GPT-J) and Phi-2 (80/R32)
+#: ran 2-4% slower chunked (v5 sweeps).
+CHUNK_TAIL_MIN_LANES = 128
+#: Programs per SM the grid is capped at; the persistent loop takes the rest. 8 is what fits:
+#: the 128-dim kernels hold about 128 registers per thread, so 8 programs of 2 warps are resident
+#: per SM (v4, ncu), and 8 beat 16 by 0.5-3% at T >= 4096 on every 128-dim geometry (v5 sweep);
+#: 4, 6 and 12 were slower.
+PROGRAMS_PER_SM = 8
+
+#: Small batches (decode) get their own plan, compiled once like the large one. The large plan
+#: is used when it has more than this many tiles per SM; below that its long tiles leave SMs
+#: idle and one-token-row tiles of 4 warps were 8-15% faster (v5 sweep: T <= 256 on 32/8/128
+#: and 8/1/128, T <= 64 on 64/4/128; at 3 tiles per SM all three pick the faster plan).
+SMALL_BATCH_TILES_PER_SM = 3
+#: Padded head elements per small-batch q tile: 512 and 1024 were within 2% of each other
+#: at T <= 256, 2048 slower on 2 of 4 geometries (v5 sweep).
+SMALL_TILE_ELEMENTS = 1024
+#: Warps of a small-batch program: 4 was best on 3 of 4 geometries at T <= 64 (v5 sweep), the
+#: fourth (16/2/256 R64) was best at 4 in v5's first sweep.
+SMALL_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,10 @@ class CudaPlan(PlanBase):
 
     kv_block_heads: int
     num_warps: int
+    tail_lanes: int = 0  # lanes per pass-through tail chunk; 0: the whole tail at once
+
+    def tail_width(self, shape: KernelShape) -> int:
+        return self.tail_lanes or shape.pass_pad
 
     @property
     def block_heads_k(self) -> int:
@@ -49,19 +76,63 @@ class CudaPlan(PlanBase):
 @functools.lru_cache(maxsize=None)
 def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEMENTS,
          elements_per_thread: int = ELEMENTS_PER_THREAD, programs_per_sm: int = PROGRAMS_PER_SM,
-         max_block_heads: int = MAX_BLOCK_HEADS) -> CudaPlan:
+         max_block_heads: int = MAX_BLOCK_HEADS,
+         chunk_tail_min_lanes: int = CHUNK_TAIL_MIN_LANES) -> CudaPlan:
     """The CUDA plan for one layer geometry on one GPU (pure: same inputs, same plan).
 
     q's heads of a token go in as few blocks as ``max_block_heads`` allows, k's likewise (so
     cos/sin rows are read a few times per token at most); tokens per tile fill
     ``tile_elements``; warps give each thread ``elements_per_thread`` of the widest sub-tile
-    (a rotary half, or the tail when it is wider). The keyword arguments exist for the sweep;
-    the defaults are the plan.
+    (a rotary half, or the tail or tail chunk when it is wider). A tail of
+    ``chunk_tail_min_lanes`` or more goes in chunks of a rotary half's width. The keyword
+    arguments exist for the sweep; the defaults are the plan.
     """
-    q_heads = min(next_pow2(shape.num_q_heads), max_block_heads)
-    k_heads = min(next_pow2(shape.num_kv_heads), max_block_heads)
-    tokens = prev_pow2(max(1, tile_elements // (q_heads * shape.padded_head_dim)))
-    widest = tokens * q_heads * max(shape.half_pad, shape.pass_pad if shape.pass_dim else 0)
+    q_heads, k_heads = _block_heads(shape, max_block_heads)
+    tail = 0
+    if shape.pass_dim:
+        chunked = shape.pass_pad >= chunk_tail_min_lanes and shape.pass_pad > shape.half_pad
+        tail = shape.half_pad if chunked else shape.pass_pad
+    tokens = prev_pow2(max(1, tile_elements // (q_heads * (2 * shape.half_pad + tail))))
+    widest = tokens * q_heads * max(shape.half_pad, tail)
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
-                    max_programs=facts.num_sms * programs_per_sm, num_warps=warps)
+                    max_programs=facts.num_sms * programs_per_sm, num_warps=warps,
+                    tail_lanes=tail if tail != shape.pass_pad else 0)
+
+
+def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:
+    """Heads per q block and per k block: all of a tensor's heads, up to ``max_block_heads``."""
+    return (min(next_pow2(shape.num_q_heads), max_block_heads),
+            min(next_pow2(shape.num_kv_heads), max_block_heads))
+
+
+@functools.lru_cache(maxsize=None)
+def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
+    """The plan for batches too small to fill the GPU with :func:`plan`'s tiles (pure).
+
+    Tiles of ``SMALL_TILE_ELEMENTS`` (usually one token row of up to 8 heads) in ``SMALL_WARPS``
+    warps. The tail is held whole: at these sizes the chunked tail's second load is latency on
+    the critical path (16/2/256 R64 at T <= 256: 8.3-9.3 us whole, 9.0-10.7 chunked, v5 sweep).
+    """
+    q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
+    tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
+    return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
+                    max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=SMALL_WARPS)
+
+
+def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:
+    """:func:`small_batch_plan` while :func:`plan` would have at most
+    ``SMALL_BATCH_TILES_PER_SM`` tiles per SM for ``num_tokens`` tokens, else :func:`plan`.
+
+    Two compiled kernels per layer geometry at most, whatever the batch sizes.
+    """
+    large = plan(shape, facts)
+    if num_tokens <= small_batch_max_tokens(shape, facts):
+        return small_batch_plan(shape, facts)
+    return large
+
+
+def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
+    """The most tokens :func:`plan_for_tokens` gives the small-batch plan."""
+    large = plan(shape, facts)
+    return SMALL_BATCH_TILES_PER_SM * facts.num_sms // large.head_blocks(shape) * large.block_tokens

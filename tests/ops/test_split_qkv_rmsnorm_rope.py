@@ -1,12 +1,14 @@
 """Tests of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`` against an independent float64 reference.
 
 On CPU the kernel runs through the Triton interpreter (small sizes); on a GPU the same tests run
-compiled, plus the large sizes marked ``gpu``. Each test runs under both launch plans (Ascend and
-CUDA), so tile and grid boundaries of both are crossed wherever the kernel runs.
+compiled, plus the large sizes marked ``gpu``. Each test runs under every launch plan (Ascend, and
+CUDA's large and small-batch plans), forced, so tile and grid boundaries of each are crossed
+wherever the kernel runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -17,7 +19,8 @@ import torch
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops import tiling
 from vllm_ascend_ext.ops.models import MODELS, AttentionGeometry, model
-from vllm_ascend_ext.ops.tiling import KernelShape, plan_for
+from vllm_ascend_ext.ops import device as device_facts
+from vllm_ascend_ext.ops.tiling import KernelShape, ascend, cuda
 from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
 
 # The package re-exports the function under the module's name; the module itself, for its seams.
@@ -32,7 +35,9 @@ TOLERANCES = {
     torch.bfloat16: dict(rtol=2.0**-7, atol=1e-3),
 }
 POISON = {torch.float32: float("nan"), torch.float16: float("nan"), torch.bfloat16: float("nan")}
-BACKENDS = ("ascend", "cuda")
+#: Launch plans every plan-sensitive test runs under: the Ascend plan, and CUDA's plan for large
+#: batches and for small ones (which the op picks by token count on a GPU).
+BACKENDS = ("ascend", "cuda-large", "cuda-small")
 MAX_POSITION = 97
 
 
@@ -96,11 +101,36 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(op_module, "_new_output", _new_output)
 
 
+def plan_of(kind: str, shape: KernelShape, device) -> tiling.PlanBase:
+    """The plan of one of :data:`BACKENDS` for ``shape`` (GPU facts when the device is a GPU)."""
+    if kind == "ascend":
+        return ascend.plan(shape, device_facts.ascend_facts(None))
+    facts = device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda" else None)
+    if kind == "cuda-large":
+        return cuda.plan(shape, facts)
+    assert kind == "cuda-small", kind
+    return cuda.small_batch_plan(shape, facts)
+
+
+def shape_of(args: dict) -> KernelShape:
+    return KernelShape(num_q_heads=args["num_q_heads"], num_kv_heads=args["num_kv_heads"],
+                       head_dim=args["head_dim"], rotary_dim=args["cos_sin_cache"].shape[1],
+                       elem_bytes=args["qkv"].element_size(),
+                       cache_bytes=args["cos_sin_cache"].element_size(), is_neox=args["is_neox"])
+
+
+def forced(kind: str | None, args: dict):
+    """Run under plan ``kind`` (one of :data:`BACKENDS`), or the op's own choice for ``None``."""
+    if kind is None:
+        return contextlib.nullcontext()
+    return tiling.forced(plan=plan_of(kind, shape_of(args), args["qkv"].device))
+
+
 def run_and_check(args: dict, backend: str | None = None, inplace: bool = False):
-    """Run the op (optionally under a forced plan family), compare with the reference, return q, k."""
+    """Run the op (optionally under a forced plan), compare with the reference, return q, k."""
     qkv = args["qkv"]
     before = qkv.clone()
-    with tiling.forced(backend):
+    with forced(backend, args):
         q, k, v = split_qkv_rmsnorm_rope(**args, inplace=inplace)
     ref_q, ref_k = reference(before, args["q_weight"], args["k_weight"], args["cos_sin_cache"],
                              args["positions"], args["num_q_heads"], args["num_kv_heads"],
@@ -131,10 +161,9 @@ def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> l
     has SMs x 8 programs); ``test_grid_stride_loop`` covers looping there with a small plan.
     """
     shape = KernelShape.of(geometry, 2, 4)
-    with tiling.forced(backend):
-        plan = plan_for(device, shape)
+    plan = plan_of(backend, shape, device)
     bt = plan.block_tokens
-    looping = bt * -(-(plan.max_programs + 1) // shape.head_blocks(plan.block_heads, plan.block_heads_k)) + 1
+    looping = bt * -(-(plan.max_programs + 1) // plan.head_blocks(shape)) + 1
     counts = {1, 3, bt, bt + 1, 2 * bt + 1}
     if device.type != "cpu" or looping <= INTERPRETER_MAX_TOKENS:
         counts.add(looping)
@@ -173,7 +202,7 @@ def test_dtypes(device, poisoned, dtype, cache_dtype):
                                                  (256, 256), (512, 128), (2, 2), (6, 4)])
 def test_head_and_rotary_dims(device, poisoned, is_neox, head_dim, rotary_dim):
     geometry = AttentionGeometry(3, 1, head_dim, rotary_dim, is_neox=is_neox, weight_offset=0.5)
-    run_and_check(make_inputs(geometry, 9, device, dtype=torch.float32), "cuda")
+    run_and_check(make_inputs(geometry, 9, device, dtype=torch.float32), "cuda-large")
 
 
 @pytest.mark.parametrize("which", ["both", "q only", "k only", "none"])
@@ -188,7 +217,7 @@ def test_optional_weights_and_bias(device, poisoned, which):
 
 def test_gemma_offset_and_bias(device, poisoned):
     geometry = model("Gemma-3-12B").shard(4)
-    run_and_check(make_inputs(geometry, 7, device, bias=True), "cuda")
+    run_and_check(make_inputs(geometry, 7, device, bias=True), "cuda-large")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -227,7 +256,7 @@ def test_grid_stride_loop(device, poisoned):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_calls_are_bit_identical(device, backend):
     args = make_inputs(SMALL, 37, device)
-    with tiling.forced(backend):
+    with forced(backend, args):
         first = split_qkv_rmsnorm_rope(**args)
         second = split_qkv_rmsnorm_rope(**args)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
@@ -304,12 +333,25 @@ def _compiled_variants() -> int:
 
 @gpu
 def test_no_recompile_per_batch_size(device):
-    args = make_inputs(SMALL, 1, device)
-    split_qkv_rmsnorm_rope(**args)
+    """One kernel for small batches and one for large ones, compiled once each."""
+    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 1, device))
+    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 8192, device))
     compiled = _compiled_variants()
-    for tokens in (2, 16, 17, 63, 64, 1000, 4096):
+    for tokens in (2, 16, 17, 63, 64, 1000, 4096, 8191):
         split_qkv_rmsnorm_rope(**make_inputs(SMALL, tokens, device))
     assert _compiled_variants() == compiled
+
+
+def test_small_batches_get_the_small_batch_plan():
+    """The CUDA planner switches plans by tile count, not by anything compiled per batch size."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    shape = KernelShape.of(SMALL, 2, 4)
+    large, small = cuda.plan(shape, facts), cuda.small_batch_plan(shape, facts)
+    assert cuda.plan_for_tokens(shape, facts, 1) == small
+    limit = cuda.SMALL_BATCH_TILES_PER_SM * facts.num_sms
+    tokens = [t for t in range(1, 100_000, 7) if large.num_tiles(shape, t) > limit]
+    assert cuda.plan_for_tokens(shape, facts, tokens[0]) == large
+    assert cuda.plan_for_tokens(shape, facts, tokens[0] - 7) == small
 
 
 @gpu
