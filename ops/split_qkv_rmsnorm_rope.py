@@ -78,11 +78,23 @@ def _affine(x, rstd, w, b, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF: tl.constexpr):
+    """The cos and sin halves of the cache rows at offsets ``rows`` ([BLOCK_T]), gathered as
+    2-D blocks, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]`` to broadcast over heads."""
+    offs = rows[:, None] + i[None, :]
+    ok = tok_ok[:, None] & i_ok[None, :]
+    cos = tl.load(cache_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + offs + HALF, mask=ok, other=0.0).to(tl.float32)
+    return cos[:, None, :], sin[:, None, :]
+
+
+@triton.jit
 def _head_block(
-    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin,
-    ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
-    HEAD_DIM: tl.constexpr, PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
-    NORM: tl.constexpr, BIAS: tl.constexpr,
+    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
+    rows, i, ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
+    PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
+    NORM: tl.constexpr, BIAS: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
 ):
     """Normalise and rotate one block of heads of one tensor (q or k): load, math, store.
 
@@ -92,15 +104,26 @@ def _head_block(
     of the pass-through tail. The tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
     one chunk it is held from load to store; with more, the first pass only sums its squares
     and the second loads each chunk again (a cache hit) to scale and store it, so no more than
-    one chunk is live at a time.
+    one chunk is live at a time. GPT-J's interleaved pairs are moved as one contiguous block of
+    the ``R`` rotary lanes, viewed as ``[.., R/2, 2]`` and split into ``a``/``b`` in registers
+    (strided loads of every other element fell apart into 2-byte accesses).
     """
     row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
     ab_ok = row_ok & i_ok[None, None, :]
     src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
 
-    a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
-    b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+    if IS_NEOX:
+        a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+        b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+    else:
+        r = tl.arange(0, 2 * HALF_PAD)
+        r_ok = row_ok & (r < 2 * HALF)[None, None, :]
+        x = tl.load(src + r[None, None, :], mask=r_ok, other=0.0).to(tl.float32)
+        x = tl.reshape(x, (x.shape[0], x.shape[1], HALF_PAD, 2))
+        second = (tl.arange(0, 2) == 1)[None, None, None, :]
+        a = tl.sum(tl.where(second, 0.0, x), axis=3)
+        b = tl.sum(tl.where(second, x, 0.0), axis=3)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
     if PASS > 0:
@@ -110,6 +133,10 @@ def _head_block(
                         other=0.0).to(tl.float32)
             if NORM:
                 sum_sq += tl.sum(p * p, axis=2)
+    if ROWS_AFTER_DATA:
+        # The cos/sin rows only now: their addresses wait on the positions, and by the time
+        # the warp stalls on them every load of the head block is in flight.
+        cos, sin = _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF)
     if NORM:
         rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
         a = _affine(a, rstd, _load_affine(w_ptr, ia, i_ok, weight_offset, NORM, 1.0),
@@ -118,8 +145,13 @@ def _head_block(
                     _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0), BIAS)
 
     out_ty = out_ptr.dtype.element_ty
-    tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
-    tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
+    if IS_NEOX:
+        tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
+        tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
+    else:
+        y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
+        y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
+        tl.store(dst + r[None, None, :], y.to(out_ty), mask=r_ok)
     if PASS > 0:
         for c in tl.static_range(TAIL_CHUNKS):
             jc = jp + c * TAIL_W
@@ -147,6 +179,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    ROWS_AFTER_DATA: tl.constexpr,
 ):
     # Head blocks never straddle q and k: q's come first, then k's.
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_HQ - 1) // BLOCK_HQ
@@ -170,28 +203,32 @@ def _split_qkv_rmsnorm_rope_kernel(
         tok_ok = tok < num_tokens
         tok64 = tok.to(tl.int64)
 
-        # Positions as a vector, clamped into the cache; then the cos/sin rows as one 2-D block.
+        # Positions as a vector, clamped into the cache: the offsets of the tile's cos/sin rows,
+        # gathered as one 2-D block here or, with ROWS_AFTER_DATA, by the head block after its
+        # own loads.
         pos = tl.load(pos_ptr + tok64 * pos_stride, mask=tok_ok, other=0)
-        pos = tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64)
-        cs_off = (pos * cache_stride)[:, None] + i[None, :]
-        cs_ok = tok_ok[:, None] & i_ok[None, :]
-        cos = tl.load(cache_ptr + cs_off, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
-        sin = tl.load(cache_ptr + cs_off + HALF, mask=cs_ok, other=0.0).to(tl.float32)[:, None, :]
+        rows = tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64) * cache_stride
+        if ROWS_AFTER_DATA:
+            cos = 0.0
+            sin = 0.0
+        else:
+            cos, sin = _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF)
 
         # (The arms name their head vectors apart: compiled Triton requires a name bound in both
         # arms of a run-time branch to have one type, and the blocks may differ in size.)
         if head_block < Q_BLOCKS:
             q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
             _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, ia, ib, i_ok, jp,
-                        q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, PASS, TAIL_W, TAIL_CHUNKS,
-                        Q_NORM, Q_BIAS)
+                        q_out_stride, cos, sin, cache_ptr, rows, i, ia, ib, i_ok, jp,
+                        q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
+                        PASS, TAIL_W, TAIL_CHUNKS, Q_NORM, Q_BIAS, ROWS_AFTER_DATA)
         else:
             k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
             _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, k_head,
-                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, ia, ib, i_ok, jp,
-                        k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, PASS, TAIL_W, TAIL_CHUNKS,
-                        K_NORM, K_BIAS)
+                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, cache_ptr, rows, i, ia, ib,
+                        i_ok, jp,
+                        k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
+                        PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_BIAS, ROWS_AFTER_DATA)
 
 
 def _check_vector(name, tensor, length, device):
@@ -353,6 +390,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         TAIL_W=plan.tail_width(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
         IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
+        ROWS_AFTER_DATA=plan.rows_after_data,
     )
 
 

@@ -213,7 +213,7 @@ def plan(
     ``block_heads`` and the grid come unchanged from ``vllm_ascend_ext.ops.tiling.ascend.plan``;
     ``block_tokens`` starts at that plan's and is halved while :func:`ub_buffers` exceeds the
     same budget (``ops.tiling.ascend.ub_budget``). ``is_neox`` picks the Triton plan the op
-    itself would launch (its UB model reads GPT-J rows twice).
+    itself would launch for that rotary style.
 
     Raises
     ------

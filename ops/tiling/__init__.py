@@ -114,6 +114,12 @@ class PlanBase:
         """Backend-specific keyword arguments of the launch (``num_warps`` ...)."""
         return {}
 
+    @property
+    def rows_after_data(self) -> bool:
+        """Gather a tile's cos/sin rows after its q/k loads are issued (in each branch arm)
+        rather than before the branch; off unless a backend measured it better."""
+        return False
+
     def tail_width(self, shape: KernelShape) -> int:
         """Lanes of one chunk of the pass-through tail: by default the whole tail, padded."""
         return shape.pass_pad

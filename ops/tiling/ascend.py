@@ -96,14 +96,13 @@ def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple
     rows = block_tokens * block_heads
     head = shape.padded_head_dim
     rot = 2 * shape.half_pad
-    # NeoX halves are two disjoint blocks of the row; GPT-J's interleaved halves are each read
-    # as a whole row and de-interleaved in the UB (seen in the lowering), so the row twice.
-    qkv_reads = 1 if shape.is_neox else 2
+    # NeoX halves are two disjoint blocks of the row; GPT-J's pairs are one contiguous block of
+    # the rotary lanes, split in registers: either way the row is read once.
     gm = (
-        UbBuffer("qkv tile (q arm + k arm)", BRANCHES * qkv_reads * rows * head * shape.elem_bytes, "gm"),
+        UbBuffer("qkv tile (q arm + k arm)", BRANCHES * rows * head * shape.elem_bytes, "gm"),
         UbBuffer("cos/sin rows", block_tokens * rot * shape.cache_bytes, "gm"),
         UbBuffer("positions", block_tokens * POSITION_BYTES, "gm"),
-        # q and k weight and bias, loaded once per program; fp32 is the widest they come in.
+        # q and k weight and bias (per tile, in each arm); fp32 is the widest they come in.
         UbBuffer("weights + biases", 4 * head * FP32, "gm"),
     )
     second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer")

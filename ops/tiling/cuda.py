@@ -40,11 +40,18 @@ CHUNK_TAIL_MIN_LANES = 128
 #: 4, 6 and 12 were slower.
 PROGRAMS_PER_SM = 8
 
+#: Gather the cos/sin rows after the q/k loads are issued (ROWS_AFTER_DATA), so the positions ->
+#: rows chain overlaps the data loads instead of preceding them: 2-7% faster at T >= 4096 on
+#: every geometry whose tail is held whole, and 0.3-0.7 us at T <= 8 on 6 of 7 geometries
+#: (32/8/128's small-batch plan lost 0.35 us); with a chunked tail it was up to 10% slower
+#: (16/2/256 R64), so chunked plans gather the rows first (v5 sweep 6).
+LATE_ROWS = True
+
 #: Small batches (decode) get their own plan, compiled once like the large one. The large plan
-#: is used when it has more than this many tiles per SM; below that its long tiles leave SMs
-#: idle and one-token-row tiles of 4 warps were 8-15% faster (v5 sweep: T <= 256 on 32/8/128
-#: and 8/1/128, T <= 64 on 64/4/128; at 3 tiles per SM all three pick the faster plan).
-SMALL_BATCH_TILES_PER_SM = 3
+#: is used when it has more than this many tiles per SM. In v5 sweep 6 the small-batch plan was
+#: faster wherever the large plan had at most 144 tiles on the 132 SMs (1.09 per SM), and
+#: slower wherever it had 192 or more (1.45 per SM), on 7 geometries at T = 64, 256, 1024.
+SMALL_BATCH_TILES_PER_SM = 1.25
 #: Padded head elements per small-batch q tile: 512 and 1024 were within 2% of each other
 #: at T <= 256, 2048 slower on 2 of 4 geometries (v5 sweep).
 SMALL_TILE_ELEMENTS = 1024
@@ -60,6 +67,11 @@ class CudaPlan(PlanBase):
     kv_block_heads: int
     num_warps: int
     tail_lanes: int = 0  # lanes per pass-through tail chunk; 0: the whole tail at once
+    late_rows: bool = LATE_ROWS  # the kernel's ROWS_AFTER_DATA
+
+    @property
+    def rows_after_data(self) -> bool:
+        return self.late_rows
 
     def tail_width(self, shape: KernelShape) -> int:
         return self.tail_lanes or shape.pass_pad
@@ -88,7 +100,7 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     arguments exist for the sweep; the defaults are the plan.
     """
     q_heads, k_heads = _block_heads(shape, max_block_heads)
-    tail = 0
+    tail, chunked = 0, False
     if shape.pass_dim:
         chunked = shape.pass_pad >= chunk_tail_min_lanes and shape.pass_pad > shape.half_pad
         tail = shape.half_pad if chunked else shape.pass_pad
@@ -97,7 +109,7 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * programs_per_sm, num_warps=warps,
-                    tail_lanes=tail if tail != shape.pass_pad else 0)
+                    tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked)
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:
@@ -135,4 +147,4 @@ def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> Cu
 def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
     """The most tokens :func:`plan_for_tokens` gives the small-batch plan."""
     large = plan(shape, facts)
-    return SMALL_BATCH_TILES_PER_SM * facts.num_sms // large.head_blocks(shape) * large.block_tokens
+    return int(SMALL_BATCH_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape) * large.block_tokens
