@@ -25,15 +25,22 @@ are cut into blocks, then k's, and no block holds both, so every mask is a plain
 access a strided block (triton-ascend lowers such masks to sub-views; a mask mixing q and k
 heads made it read-modify-write the whole output block, racing with the neighbouring rows). Each
 head is held as its two rotary halves ``a``, ``b`` (``[BLOCK_T, BLOCK_H, HALF_PAD]``: element
-``i`` of ``a`` and of ``b`` form pair ``i``) plus the pass-through tail
-``[BLOCK_T, BLOCK_H, PASS_PAD]``, so the rotation is element-wise math on two tiles. Programs walk the tiles grid-stride (head block
-fastest, so neighbours share cos/sin rows); the number of tiles is computed from the token
-count at run time, so one compiled kernel serves every batch size. The tile shape and the grid
-come from the backend's launch plan (``ops/tiling``), never from this file.
+``i`` of ``a`` and of ``b`` form pair ``i``) plus the pass-through tail, so the rotation is
+element-wise math on two tiles. NeoX halves are two contiguous blocks; GPT-J's interleaved pairs
+are one contiguous block of the ``R`` rotary lanes, split into ``a`` and ``b`` in registers. The
+tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when the plan cuts a
+wide tail into chunks (summed in a first pass, loaded again to be scaled in a second), so only
+one chunk is live at a time. Programs walk the tiles grid-stride (head block fastest, so
+neighbours share cos/sin rows); the number of tiles is computed from the token count at run
+time, so one compiled kernel serves every batch size. The tile shape, the tail chunks, the
+grid and where the cos/sin rows are gathered come from the backend's launch plan
+(``ops/tiling``), never from this file.
 
 The cos/sin rows of a tile are gathered with one 2-D load addressed by positions that were
 themselves loaded as a vector: no scalar is ever read back out of a tile that is still being
-filled (upstream race #16674), and no sparse gather is interleaved with the rotation math.
+filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. The
+gather happens before the q/k branch, or (``ROWS_AFTER_DATA``) in each arm after the head
+block's own loads are issued, so that their latency overlaps the positions -> rows chain.
 """
 
 from __future__ import annotations
