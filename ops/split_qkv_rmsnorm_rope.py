@@ -136,8 +136,8 @@ def _head_block(
                     other=0.0).to(tl.float32)
     # With the tail held whole, every load that does not wait on another is issued before
     # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
-    # the reduction: 0.1-0.45 us faster at T <= 64 (v5 sweep 8). A chunked tail keeps them
-    # after the reduction: loaded early they cost it 3-6% at T >= 4096.
+    # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
+    # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
     if NORM and TAIL_CHUNKS == 1:
         w_a = _load_affine(w_ptr, ia, i_ok, weight_offset, NORM, 1.0)
         w_b = _load_affine(w_ptr, ib, i_ok, weight_offset, NORM, 1.0)

@@ -230,9 +230,10 @@ def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
     src = torch.zeros(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
     copy_kernel = _jit_helpers()[1]
-    return min(timer(lambda: copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block,
-                                                                    num_warps=warps))
-               for block, warps in COPY_CONFIGS)
+    def copy(block: int, warps: int) -> None:
+        copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
+
+    return min(timer(functools.partial(copy, block, warps)) for block, warps in COPY_CONFIGS)
 
 
 def launch_floor(device: torch.device, timer: _Timer) -> float:

@@ -36,7 +36,7 @@ MAX_BLOCK_HEADS = 8
 CHUNK_TAIL_MIN_LANES = 128
 #: Programs per SM the grid is capped at; the persistent loop takes the rest. 8 is what fits:
 #: the 128-dim kernels hold about 128 registers per thread, so 8 programs of 2 warps are resident
-#: per SM (v4, ncu), and 8 beat 16 by 0.5-3% at T >= 4096 on every 128-dim geometry (v5 sweep);
+#: per SM (v4, ncu), and 8 beat 16 by 0.5-4.5% at T >= 4096 on every 128-dim geometry (v5 sweep);
 #: 4, 6 and 12 were slower.
 PROGRAMS_PER_SM = 8
 
@@ -124,7 +124,7 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
 
     Tiles of ``SMALL_TILE_ELEMENTS`` (usually one token row of up to 8 heads) in ``SMALL_WARPS``
     warps. The tail is held whole: at these sizes the chunked tail's second load is latency on
-    the critical path (16/2/256 R64 at T <= 256: 8.3-9.3 us whole, 9.0-10.7 chunked, v5 sweep).
+    the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2).
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))

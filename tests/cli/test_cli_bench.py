@@ -66,3 +66,22 @@ def test_progress_bar_redraws_in_place_on_a_terminal():
     bar.finish()
     text = stream.getvalue()
     assert text.count("\r\x1b[2K") == 3 and text.endswith("done\n") and text.count("\n") == 1
+
+
+def test_bar_verdict_holds_each_over_bar_row_against_the_same_bytes_copy():
+    """Rows over issue 2's bar are listed with what a plain copy of their bytes reached."""
+    from vllm_ascend_ext.bench import Row, bar_verdict
+
+    def row(tokens, provider, us, copy_us, floor_us=10.0, launch_us=4.0):
+        return Row("m", 1, "g", tokens, provider, us, 0.0, 0, floor_us, launch_us, copy_us)
+
+    lines = bar_verdict({"rows": [
+        row(4096, "ours", 20.0, 19.5), row(4096, "compile", 30.0, 19.5),     # copy over the bar too
+        row(16384, "ours", 14.0, 11.0), row(16384, "compile", 13.0, 11.0),   # copy within it; slower
+        row(1, "ours", 5.0, 4.8),                                            # within the bar
+    ]})
+    assert lines[0] == "T>=4096: ours/floor worst 2.00 (FAIL <= 1.3)"
+    assert lines[1] == "  over: g T=4096 2.00 (same-bytes copy 1.95: the copy is over the bar too)"
+    assert lines[2] == "  over: g T=16384 1.40 (same-bytes copy 1.10: the copy is within it)"
+    assert lines[3] == "T<=64: ours/launch worst 1.25 (PASS <= 1.3)"
+    assert lines[4] == "ours faster than torch.compile at every T: FAIL (g T=16384)"

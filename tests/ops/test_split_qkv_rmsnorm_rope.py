@@ -352,6 +352,11 @@ def test_small_batches_get_the_small_batch_plan():
     tokens = [t for t in range(1, 100_000, 7) if large.num_tiles(shape, t) > limit]
     assert cuda.plan_for_tokens(shape, facts, tokens[0]) == large
     assert cuda.plan_for_tokens(shape, facts, tokens[0] - 7) == small
+    # The warm-up compiles one batch of each plan from this boundary.
+    most = cuda.small_batch_max_tokens(shape, facts)
+    assert cuda.plan_for_tokens(shape, facts, most) == small
+    assert cuda.plan_for_tokens(shape, facts, most + 1) == large
+    assert large.num_tiles(shape, most) <= limit < large.num_tiles(shape, most + 1)
 
 
 @gpu
