@@ -7,15 +7,16 @@ Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PT
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
 (which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
-at TP 1/2/4/8 this builds both CUDA plans (large and small-batch), compiles the kernel with the divisibility hints a real
-launch gets (pointers and row strides divisible by 16), and requires the large plan's tiles to
-be moved in 16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in the PTX; the small-batch
-plan's one-token tiles at least in 8-byte ones). It also assembles the PTX
-with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes: registers
-are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on the Triton
-and ptxas versions: for 16/2/256 R64 this reports 243 (Triton 3.7.1) where Nsight Compute saw
-247 on the H200 (Triton 3.6), for 32/8/128 170 here against 128 there; read it as a trend. It prints last ``compiled N/N CUDA kernel plans ...`` and exits
-non-zero on any failure.
+at TP 1/2/4/8 this builds both CUDA plans (large and small-batch), compiles the kernel with the
+divisibility hints a real launch gets (pointers and row strides divisible by 16), and requires
+the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in
+the PTX; the small-batch plan's one-token tiles at least in 8-byte ones). It also assembles the
+PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes:
+registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
+the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
+Nsight Compute saw 247 on the H200 (Triton 3.6), and 32/8/128 read 170 here against 128 there;
+read it as a trend. It prints last ``compiled N/N CUDA kernel plans ...`` and exits non-zero on
+any failure.
 """
 
 from __future__ import annotations
