@@ -21,6 +21,7 @@ any failure.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -81,6 +82,15 @@ def _ptxas_report(ptx: str) -> dict:
             "spill_bytes": int(spills.group(1)) if spills else -1}
 
 
+def _compile_job(job) -> tuple[dict | None, str | None]:
+    """:func:`compile_plan` for one ``(geometry, small)``: its row, or the error's first line."""
+    try:
+        return compile_plan(*job), None
+    except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {first}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compile every CUDA plan of the geometry table; exit 1 on any failure."""
     if os.environ.pop("TRITON_INTERPRET", None) == "1" and "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope" in sys.modules:
@@ -97,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'plan':24} {'geometry':26} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
           f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'regs':>4} {'spill':>5}  status")
     ok = 0
-    for label, geometry, small in jobs:
+    # The plans compile independently: one process per CPU core (CI has two).
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(_compile_job, [(geometry, small) for _, geometry, small in jobs]))
+    for (label, geometry, small), (row, error) in zip(jobs, results):
         kind = "small" if small else "large"
-        try:
-            row = compile_plan(geometry, small)
-        except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"{label:24} {geometry.label:26} {kind:5} compile failed: {type(exc).__name__}: {first}")
+        if error is not None:
+            print(f"{label:24} {geometry.label:26} {kind:5} compile failed: {error}")
             continue
         plan = row["plan"]
         # The large plan's tiles must move in 16-byte vectors; the small-batch plan's one-token
