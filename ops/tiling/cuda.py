@@ -1,8 +1,9 @@
 """CUDA launch plans: tiles sized for registers and 16-byte accesses, a grid sized for SMs.
 
 Every constant carries the measurement behind it (``docs/perf-notes.md``; the sweep is
-``scripts/tune_cuda_plan.py``). The plan does not depend on the token count: one compiled
-kernel per layer geometry.
+``scripts/tune_cuda_plan.py``; the design note is ``docs/cuda-plans.md``). A plan does not
+depend on the token count; the token count only picks the large or the small-batch plan, so a
+layer geometry compiles two kernels at most.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from . import KernelShape, PlanBase, next_pow2, prev_pow2
 from ..device import CudaFacts
 
-__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_plan"]
+__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan"]
 
 #: Padded head elements per q tile (both rotary halves and the tail, or one tail chunk): 4096
 #: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (perf-notes v3
@@ -138,13 +139,13 @@ def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> Cu
 
     Two compiled kernels per layer geometry at most, whatever the batch sizes.
     """
-    large = plan(shape, facts)
     if num_tokens <= small_batch_max_tokens(shape, facts):
         return small_batch_plan(shape, facts)
-    return large
+    return plan(shape, facts)
 
 
 def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
     """The most tokens :func:`plan_for_tokens` gives the small-batch plan."""
     large = plan(shape, facts)
-    return int(SMALL_BATCH_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape) * large.block_tokens
+    token_blocks = int(SMALL_BATCH_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape)
+    return token_blocks * large.block_tokens
