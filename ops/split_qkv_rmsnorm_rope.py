@@ -85,6 +85,15 @@ def _affine(x, rstd, w, b, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS: tl.constexpr):
+    """The weight (plus ``weight_offset``) and bias of both elements of every rotary pair."""
+    return (_load_affine(w_ptr, ia, i_ok, weight_offset, True, 1.0),
+            _load_affine(w_ptr, ib, i_ok, weight_offset, True, 1.0),
+            _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0),
+            _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0))
+
+
+@triton.jit
 def _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF: tl.constexpr):
     """The cos and sin halves of the cache rows at offsets ``rows`` ([BLOCK_T]), gathered as
     2-D blocks, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]`` to broadcast over heads."""
@@ -139,10 +148,7 @@ def _head_block(
     # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
     # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
     if NORM and TAIL_CHUNKS == 1:
-        w_a = _load_affine(w_ptr, ia, i_ok, weight_offset, NORM, 1.0)
-        w_b = _load_affine(w_ptr, ib, i_ok, weight_offset, NORM, 1.0)
-        b_a = _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0)
-        b_b = _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0)
+        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS)
         if PASS > 0:
             w_p = _load_affine(w_ptr, jp, jp < HEAD_DIM, weight_offset, NORM, 1.0)
             b_p = _load_affine(b_ptr, jp, jp < HEAD_DIM, 0.0, BIAS, 0.0)
@@ -166,10 +172,7 @@ def _head_block(
     if NORM:
         rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
         if TAIL_CHUNKS > 1:
-            w_a = _load_affine(w_ptr, ia, i_ok, weight_offset, NORM, 1.0)
-            w_b = _load_affine(w_ptr, ib, i_ok, weight_offset, NORM, 1.0)
-            b_a = _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0)
-            b_b = _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0)
+            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS)
         a = _affine(a, rstd, w_a, b_a, BIAS)
         b = _affine(b, rstd, w_b, b_b, BIAS)
 
