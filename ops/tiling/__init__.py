@@ -180,16 +180,12 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
 
     if _forced_plan is not None:
         return _forced_plan
-    native = _device.backend_of(device)
-    family = _forced_backend or ("cuda" if native == "cuda" else "ascend")
-    if family == "cuda":
-        index = None
-        if native == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-        facts = _device.cuda_facts(index)
+    facts = _cuda_facts_for(device)
+    if facts is not None:
         if num_tokens is None:
             return cuda.plan(shape, facts)
         return cuda.plan_for_tokens(shape, facts, num_tokens)
+    native = _device.backend_of(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
 
@@ -199,8 +195,19 @@ def warm_up_token_counts(device: torch.device, shape: KernelShape) -> tuple[int,
     time): CUDA's small-batch and large plans, or Ascend's one plan."""
     from . import cuda
 
-    if (_forced_plan is None and _forced_backend in (None, "cuda")
-            and _device.backend_of(device) == "cuda"):
+    facts = None if _forced_plan is not None else _cuda_facts_for(device)
+    if facts is None:
+        return (1,)
+    return 1, cuda.small_batch_max_tokens(shape, facts) + 1
+
+
+def _cuda_facts_for(device: torch.device) -> _device.CudaFacts | None:
+    """The GPU facts :func:`plan_for` plans ``device`` with when it picks a CUDA plan (a CUDA
+    device, or any device under ``forced("cuda")``); ``None`` when it picks the Ascend plan."""
+    native = _device.backend_of(device)
+    if (_forced_backend or ("cuda" if native == "cuda" else "ascend")) != "cuda":
+        return None
+    index = None
+    if native == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return 1, cuda.small_batch_max_tokens(shape, _device.cuda_facts(index)) + 1
-    return (1,)
+    return _device.cuda_facts(index)

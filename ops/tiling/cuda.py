@@ -144,6 +144,7 @@ def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> Cu
     return plan(shape, facts)
 
 
+@functools.lru_cache(maxsize=None)
 def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
     """The most tokens :func:`plan_for_tokens` gives the small-batch plan."""
     large = plan(shape, facts)
