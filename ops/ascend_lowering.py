@@ -31,6 +31,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from ._check_common import first_error, refuse_interpreted_kernel
 from .device import ENV_SOC, ascend_facts
 from .models import geometry_table
 from .tiling import KernelShape, ascend
@@ -143,16 +144,6 @@ def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
     return row
 
 
-def _first_error(exc: Exception) -> str:
-    """The first line that says something: a crashed tool's own message, else the exception's."""
-    stderr = getattr(exc, "stderr", None)
-    if isinstance(stderr, bytes):
-        for line in stderr.decode(errors="replace").splitlines():
-            if line.strip() and not line.lstrip().startswith("#") and "Stack dump" not in line:
-                return line.strip()
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: lower every plan, print the table, exit 1 on any failure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -162,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.soc:
         os.environ[ENV_SOC] = args.soc
         ascend_facts.cache_clear()
-    # The interpreter replaces the kernel with a Python object that cannot be compiled; this
-    # check compiles, so it must see the kernel before Triton's interpreter flag does.
-    if os.environ.pop("TRITON_INTERPRET", None) == "1" and "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope" in sys.modules:
-        print("the kernel was imported under TRITON_INTERPRET=1; run this check without it", file=sys.stderr)
+    if refuse_interpreted_kernel():
         return 2
     try:
         import triton.backends.ascend  # noqa: F401
@@ -193,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                 # while the machine was loaded by other jobs) and not reproduced in 28 further
                 # lowerings of that plan. Say so and try once more; a second crash fails it.
                 retried += 1
-                print(f"{label}: triton-adapter-opt died ({_first_error(exc)}); lowering again")
+                print(f"{label}: triton-adapter-opt died ({first_error(exc)}); lowering again")
                 row = lower_plan(geometry, variant, facts.soc)
         except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
             print(f"{label:38} {geometry.label:26} lowering failed: {type(exc).__name__}: "
-                  f"{_first_error(exc)}")
+                  f"{first_error(exc)}")
             if args.verbose:
                 traceback.print_exc()
             continue

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 
+from ._check_common import first_error, refuse_interpreted_kernel
 from .device import cuda_facts
 from .models import geometry_table
 from .tiling import KernelShape, cuda
@@ -59,7 +60,8 @@ def compile_plan(geometry, small: bool = False) -> dict:
     compiled = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32),
                               options=plan.launch_options)
     ptx = compiled.asm["ptx"]
-    return {"plan": plan, "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
+    return {"plan": plan, "tail": plan.tail_width(shape) if shape.pass_dim else 0,
+            "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
             "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
             "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)), **_ptxas_report(ptx)}
 
@@ -87,14 +89,12 @@ def _compile_job(job) -> tuple[dict | None, str | None]:
     try:
         return compile_plan(*job), None
     except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return None, f"{type(exc).__name__}: {first}"
+        return None, f"{type(exc).__name__}: {first_error(exc)}"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Compile every CUDA plan of the geometry table; exit 1 on any failure."""
-    if os.environ.pop("TRITON_INTERPRET", None) == "1" and "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope" in sys.modules:
-        print("the kernel was imported under TRITON_INTERPRET=1; run this check without it", file=sys.stderr)
+    if refuse_interpreted_kernel():
         return 2
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -120,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         # tiles spread over 4 warps may use 8-byte ones, but never only scalars.
         good = row["v4"] > 0 if not small else row["v4"] + row["v2"] > 0
         ok += good
-        tail = KernelShape.of(geometry, 2, 4)
         print(f"{label:24} {geometry.label:26} {kind:5} {plan.block_tokens:3d} "
-              f"{plan.block_heads:4d} {plan.block_heads_k:4d} {plan.tail_width(tail) if tail.pass_dim else 0:4d} "
+              f"{plan.block_heads:4d} {plan.block_heads_k:4d} {row['tail']:4d} "
               f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} "
               f"{row['registers']:4d} {row['spill_bytes']:5d}  "
               f"{'ok' if good else 'FAIL: no vector accesses'}")

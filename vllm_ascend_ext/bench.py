@@ -14,8 +14,8 @@ the prologue must move (read q and k, write q and k, read one cos/sin row per to
 device-to-device copy bandwidth measured in the same run; the launch floor is an empty Triton
 kernel replayed from a CUDA graph. Beside the floor each row has a reference: a plain Triton copy
 kernel moving the same number of bytes, timed the same way (launch included), which is what any
-kernel moving the prologue's bytes could reach as measured here. Before timing, every provider's output is checked against a
-float64 evaluation of the same math.
+kernel moving the prologue's bytes could reach as measured here. Before timing, every
+provider's output is checked against a float64 evaluation of the same math.
 
 On CPU the kernel runs through the Triton interpreter: the sizes are small and the timings
 mean nothing for NPU or GPU speed; the run is a correctness and plumbing check.
@@ -230,6 +230,7 @@ def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
     src = torch.zeros(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
     copy_kernel = _jit_helpers()[1]
+
     def copy(block: int, warps: int) -> None:
         copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
 
@@ -261,8 +262,6 @@ def _jit_helpers():
         tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
     return empty_kernel, copy_kernel
-
-
 
 
 def _providers(names, compiled):
