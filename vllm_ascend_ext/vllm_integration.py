@@ -257,20 +257,29 @@ def _cache_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[dict]:
-    """The launch plans of every geometry on ``device`` (the op's own planner; on CUDA the
-    small-batch and the large plan), as plain dicts."""
-    from .ops.tiling import KernelShape, plan_for, warm_up_token_counts
+def _plan_cases(device: torch.device, geometries, dtype: torch.dtype):
+    """Yield ``(geometry, shape, tokens)``: one token count per launch plan of each geometry on
+    ``device`` (on CUDA the small-batch and the large plan)."""
+    from .ops.tiling import KernelShape, warm_up_token_counts
 
-    plans = []
     elem = torch.empty((), dtype=dtype).element_size()
     for geo in geometries:
         shape = KernelShape.of(geo, elem, elem)
         for tokens in warm_up_token_counts(device, shape):
-            plan = plan_for(device, shape, tokens)
-            plans.append({"geometry": asdict(geo), "tokens": tokens, "plan": type(plan).__name__,
-                          "fields": {k: v for k, v in sorted(vars(plan).items())
-                                     if isinstance(v, (int, float, str, bool))}})
+            yield geo, shape, tokens
+
+
+def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[dict]:
+    """The launch plans of every geometry on ``device`` (the op's own planner; on CUDA the
+    small-batch and the large plan), as plain dicts."""
+    from .ops.tiling import plan_for
+
+    plans = []
+    for geo, shape, tokens in _plan_cases(device, geometries, dtype):
+        plan = plan_for(device, shape, tokens)
+        plans.append({"geometry": asdict(geo), "tokens": tokens, "plan": type(plan).__name__,
+                      "fields": {k: v for k, v in sorted(vars(plan).items())
+                                 if isinstance(v, (int, float, str, bool))}})
     return plans
 
 
@@ -278,18 +287,15 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> None:
     """Run the fused op on ``device`` once per geometry and plan (CUDA has a small-batch and a
     large plan): Triton compiles each kernel now, not inside a graph capture."""
     from . import custom_ops
-    from .ops.tiling import KernelShape, warm_up_token_counts
 
     op = custom_ops.functional_op()
-    elem = torch.empty((), dtype=dtype).element_size()
-    for geo in geometries:
+    for geo, _, tokens in _plan_cases(device, geometries, dtype):
         weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
         cache = torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device)
-        for tokens in warm_up_token_counts(device, KernelShape.of(geo, elem, elem)):
-            qkv = torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device)
-            positions = torch.zeros(tokens, dtype=torch.int64, device=device)
-            op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads,
-               geo.head_dim, geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
+        qkv = torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device)
+        positions = torch.zeros(tokens, dtype=torch.int64, device=device)
+        op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads,
+           geo.head_dim, geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
 
 
 def plan_digest(facts: dict, plans: list[dict]) -> str:

@@ -92,6 +92,25 @@ def test_two_ranks_disagree_raise_on_both():
         assert "MISMATCH" in line and "ranks [0]" in line and "ranks [1]" in line
 
 
+@pytest.mark.parametrize("backend", ["ascend", "cuda"])
+def test_warm_up_runs_each_digested_plan(monkeypatch, backend):
+    import torch
+
+    from vllm_ascend_ext import custom_ops
+    from vllm_ascend_ext.ops import tiling
+
+    calls = []
+    monkeypatch.setattr(custom_ops, "functional_op",
+                        lambda: lambda qkv, *args, **kwargs: calls.append(qkv.shape[0]))
+    geos = [AttentionGeometry(16, 2, 128, 128), AttentionGeometry(8, 1, 256, 64, qk_norm=False)]
+    device = torch.device("cpu")
+    with tiling.forced(backend):
+        plans = vi.build_plans(device, geos, torch.bfloat16)
+        vi.warm_up(device, geos, torch.bfloat16)
+    assert calls == [p["tokens"] for p in plans]
+    assert len(plans) == len(geos) * (2 if backend == "cuda" else 1)
+
+
 def test_compare_digests_names_ranks():
     vi.compare_digests(["a" * 64] * 3)
     with pytest.raises(vi.PlanMismatchError, match=r"ranks \[0, 2\].*ranks \[1\]"):
