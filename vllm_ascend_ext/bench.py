@@ -202,15 +202,10 @@ def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
     """
     if device.type == "cpu":
         return float("nan")
-    import triton
-
     src = torch.empty(1 << 29, dtype=torch.int16, device=device).random_()
     dst = torch.empty_like(src)
-    block = 8192
-    grid = (triton.cdiv(src.numel(), block),)
-    copy_kernel = _jit_helpers()[1]
     best = min(timer(lambda: dst.copy_(src)),
-               timer(lambda: copy_kernel[grid](src, dst, src.numel(), BLOCK=block, num_warps=8)))
+               timer(functools.partial(_triton_copy, src, dst, 8192, 8)))
     return 2 * src.numel() * src.element_size() / (best * 1e-6)
 
 
@@ -224,17 +219,19 @@ def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
     kernel moving the same bytes reaches (CUDA/NPU; NaN on CPU)."""
     if device.type == "cpu":
         return float("nan")
-    import triton
-
     n = max(1, nbytes // 4)  # int16 elements: n read and n written
     src = torch.zeros(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
-    copy_kernel = _jit_helpers()[1]
+    return min(timer(functools.partial(_triton_copy, src, dst, block, warps))
+               for block, warps in COPY_CONFIGS)
 
-    def copy(block: int, warps: int) -> None:
-        copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
 
-    return min(timer(functools.partial(copy, block, warps)) for block, warps in COPY_CONFIGS)
+def _triton_copy(src: torch.Tensor, dst: torch.Tensor, block: int, warps: int) -> None:
+    """``dst.copy_(src)`` through the plain Triton copy kernel, ``block`` elements a program."""
+    import triton
+
+    n = src.numel()
+    _jit_helpers()[1][(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
 
 
 def launch_floor(device: torch.device, timer: _Timer) -> float:
