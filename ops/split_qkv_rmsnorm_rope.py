@@ -94,6 +94,13 @@ def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, BIAS: tl.constexpr):
+    """The weight (plus ``weight_offset``) and bias of the pass-through tail lanes ``j``."""
+    return (_load_affine(w_ptr, j, j < HEAD_DIM, weight_offset, True, 1.0),
+            _load_affine(b_ptr, j, j < HEAD_DIM, 0.0, BIAS, 0.0))
+
+
+@triton.jit
 def _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF: tl.constexpr):
     """The cos and sin halves of the cache rows at offsets ``rows`` ([BLOCK_T]), gathered as
     2-D blocks, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]`` to broadcast over heads."""
@@ -150,21 +157,17 @@ def _head_block(
     if NORM and TAIL_CHUNKS == 1:
         w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS)
         if PASS > 0:
-            w_p = _load_affine(w_ptr, jp, jp < HEAD_DIM, weight_offset, NORM, 1.0)
-            b_p = _load_affine(b_ptr, jp, jp < HEAD_DIM, 0.0, BIAS, 0.0)
+            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, BIAS)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
-    if PASS > 0:
-        if TAIL_CHUNKS == 1:
-            if NORM:
-                sum_sq += tl.sum(p * p, axis=2)
-        else:
+        if PASS > 0 and TAIL_CHUNKS == 1:
+            sum_sq += tl.sum(p * p, axis=2)
+        elif PASS > 0:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
                              other=0.0).to(tl.float32)
-                if NORM:
-                    sum_sq += tl.sum(pc * pc, axis=2)
+                sum_sq += tl.sum(pc * pc, axis=2)
     if ROWS_AFTER_DATA:
         # The cos/sin rows only now: their addresses wait on the positions, and by the time
         # the warp stalls on them every load of the head block is in flight.
@@ -196,8 +199,8 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
                              other=0.0).to(tl.float32)
                 if NORM:
-                    pc = _affine(pc, rstd, _load_affine(w_ptr, jc, jc_ok, weight_offset, NORM, 1.0),
-                                 _load_affine(b_ptr, jc, jc_ok, 0.0, BIAS, 0.0), BIAS)
+                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, BIAS)
+                    pc = _affine(pc, rstd, w_c, b_c, BIAS)
                 tl.store(dst + jc[None, None, :], pc.to(out_ty), mask=row_ok & jc_ok[None, None, :])
 
 
@@ -262,9 +265,8 @@ def _split_qkv_rmsnorm_rope_kernel(
             k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
             _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, k_head,
                         NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, cache_ptr, rows, i, ia, ib,
-                        i_ok, jp,
-                        k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                        PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_BIAS, ROWS_AFTER_DATA)
+                        i_ok, jp, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD,
+                        IS_NEOX, PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_BIAS, ROWS_AFTER_DATA)
 
 
 def _check_vector(name, tensor, length, device):
