@@ -35,7 +35,16 @@ def test_preset_plans_are_the_ops_plans(cli, spec):
     c = entry["cuda"]
     assert (c["block_tokens"], c["block_heads"], c["num_warps"]) == (c_plan.block_tokens, c_plan.block_heads,
                                                                      c_plan.num_warps)
-    assert c["grid"]["1"]["programs"] == c_plan.grid(shape, 1)
+    c_small = cuda.small_batch_plan(shape, device.cuda_facts(None))
+    small = c["small_batch"]
+    assert (small["block_tokens"], small["block_heads"], small["num_warps"]) == (
+        c_small.block_tokens, c_small.block_heads, c_small.num_warps)
+    assert small["max_tokens"] == cuda.small_batch_max_tokens(shape, device.cuda_facts(None))
+    # The grid at each token count is the one the op launches: T=1 under the small-batch plan.
+    for tokens, kind in (("1", "small-batch"), ("4096", "large")):
+        launched = cuda.plan_for_tokens(shape, device.cuda_facts(None), int(tokens))
+        assert c["grid"][tokens] == {"plan": kind, "programs": launched.grid(shape, int(tokens)),
+                                     "tiles": launched.num_tiles(shape, int(tokens))}
 
 
 def test_text_shows_buffers_against_capacity_for_each_tp(cli):
@@ -44,6 +53,7 @@ def test_text_shows_buffers_against_capacity_for_each_tp(cli):
     assert result.out.count("tp=") == 2
     assert "qkv tile" in result.out and "of capacity" in result.out and "budget" in result.out
     assert "grid by tokens" in result.out and "CUDA" in result.out and "Ascend" in result.out
+    assert "small-batch plan (up to" in result.out and "(large plan)" in result.out
 
 
 def test_soc_and_device_overrides(cli):

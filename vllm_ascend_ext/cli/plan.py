@@ -5,7 +5,8 @@ For a preset of ``ops/models.py`` or a Hugging Face ``config.json`` (see
 
 * Ascend: the tile (tokens x heads), every UB buffer of the tile by name and bytes against the
   UB capacity and the budget left after the compiler's reserve, and the grid by token count;
-* CUDA: the tile, warps, the program cap, and the grid by token count.
+* CUDA: the large plan's tile, warps and program cap, the small-batch plan's and the token
+  count up to which it is used, and the grid by token count under the plan the op picks there.
 
 The plans are the ones the op launches with (``ops/tiling``), computed from the device facts of
 ``ops/device.py`` (the attached device, else the environment, else the per-SoC defaults) or
@@ -82,6 +83,9 @@ def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_fa
     except ValueError as exc:
         raise CliError(f"tp={tp}: no Ascend tile fits: {exc}") from None
     c_plan = cuda.plan(shape, cuda_facts)
+    c_small = cuda.small_batch_plan(shape, cuda_facts)
+    c_small_max = cuda.small_batch_max_tokens(shape, cuda_facts)
+    c_by_tokens = {t: cuda.plan_for_tokens(shape, cuda_facts, t) for t in tokens}
     budget = ascend.ub_budget(ascend_facts)
     return {
         "tp": tp,
@@ -107,15 +111,19 @@ def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_fa
             "block_tokens": c_plan.block_tokens, "block_heads": c_plan.block_heads,
             "head_blocks": shape.head_blocks(c_plan.block_heads),
             "num_warps": c_plan.num_warps, "max_programs": c_plan.max_programs,
-            "grid": {str(t): {"tiles": c_plan.num_tiles(shape, t), "programs": c_plan.grid(shape, t)}
-                     for t in tokens},
+            "small_batch": {"block_tokens": c_small.block_tokens, "block_heads": c_small.block_heads,
+                            "num_warps": c_small.num_warps,
+                            "max_tokens": c_small_max},
+            "grid": {str(t): {"tiles": p.num_tiles(shape, t), "programs": p.grid(shape, t),
+                              "plan": "small-batch" if t <= c_small_max else "large"}
+                     for t, p in c_by_tokens.items()},
         },
     }
 
 
 def _grid_lines(grid: dict) -> list[str]:
     return [f"    {int(t):>7} tokens -> {g['programs']:>5} programs over {g['tiles']:>6} tiles"
-            for t, g in grid.items()]
+            + (f" ({g['plan']} plan)" if "plan" in g else "") for t, g in grid.items()]
 
 
 def format_plan(entry: dict, targets: str) -> str:
@@ -146,8 +154,11 @@ def format_plan(entry: dict, targets: str) -> str:
     if targets in ("cuda", "both"):
         c = entry["cuda"]
         lines.append(f"  CUDA {c['gpu']} ({c['sms']} SMs; facts: {c['facts_source']})")
-        lines.append(f"    tile {c['block_tokens']} tokens x {c['block_heads']} heads, {c['head_blocks']} head "
-                     f"blocks, {c['num_warps']} warps, grid <= {c['max_programs']} programs")
+        small = c["small_batch"]
+        lines.append(f"    large plan: tile {c['block_tokens']} tokens x {c['block_heads']} heads, "
+                     f"{c['head_blocks']} head blocks, {c['num_warps']} warps, grid <= {c['max_programs']} programs")
+        lines.append(f"    small-batch plan (up to {small['max_tokens']} tokens): tile {small['block_tokens']} "
+                     f"tokens x {small['block_heads']} heads, {small['num_warps']} warps")
         lines.append("    grid by tokens:")
         lines += _grid_lines(c["grid"])
     return "\n".join(lines)
