@@ -32,7 +32,8 @@ import traceback
 from dataclasses import dataclass
 
 from ._check_common import first_error, refuse_interpreted_kernel
-from .device import ENV_SOC, ascend_facts
+from . import settings
+from .device import ascend_facts
 from .models import geometry_table
 from .tiling import KernelShape, ascend
 
@@ -106,21 +107,22 @@ def _lower(fn, signature: dict, constants: dict, soc: str) -> str:
     return stages["ttadapter"](stages["ttir"](module, metadata), metadata)
 
 
-def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
-    """Plan and lower one geometry (with an optional feature variant); return the report row."""
+def lower_plan(geometry, variant: Variant | None, facts) -> dict:
+    """Plan and lower one geometry (with an optional feature variant) for the NPU of ``facts``
+    (:class:`~.device.AscendFacts`); return the report row."""
     from .split_qkv_rmsnorm_rope import _constexprs, _signature
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
     variant = variant or Variant("")
     elem = {"bf16": 2, "fp16": 2, "fp32": 4}
     shape = KernelShape.of(geometry, elem[variant.dtype], elem[variant.cache_dtype])
-    plan = ascend.plan(shape, ascend_facts())
+    plan = ascend.plan(shape, facts)
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
     signature = _signature(variant.dtype, variant.cache_dtype)
     constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
                             q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm)
-    linalg = _lower(kernel, signature, constants, ascend_facts().soc)
+    linalg = _lower(kernel, signature, constants, facts.soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order.
     names = list(signature)
     outputs = {f"%arg{names.index(n) + 2}" for n in ("q_out_ptr", "k_out_ptr")}
@@ -147,12 +149,16 @@ def lower_plan(geometry, variant: Variant | None, soc: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: lower every plan, print the table, exit 1 on any failure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--soc", help=f"Ascend SoC to target (default: ${ENV_SOC} or Ascend910B3)")
+    parser.add_argument("--soc", help=f"Ascend SoC to target (default: ${settings.SOC} or Ascend910B3)")
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args(argv)
     if args.soc:
-        os.environ[ENV_SOC] = args.soc
-        ascend_facts.cache_clear()
+        os.environ[settings.SOC] = args.soc
+    try:
+        facts = ascend_facts()
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if refuse_interpreted_kernel():
         return 2
     try:
@@ -161,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         print("triton-ascend is not installed in this environment (pip install triton-ascend==3.2.0 "
               "pybind11 in a venv of its own)", file=sys.stderr)
         return 2
-    facts = ascend_facts()
     jobs = [(f"{name} tp{tp}", geometry, None) for name, tp, geometry in geometry_table()]
     base = geometry_table((1,))[0][2]
     jobs += [(f"{geometry_label} [{v.name}]", base, v) for geometry_label, v in
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, geometry, variant in jobs:
         try:
             try:
-                row = lower_plan(geometry, variant, facts.soc)
+                row = lower_plan(geometry, variant, facts)
             except subprocess.CalledProcessError as exc:
                 if exc.returncode >= 0:
                     raise
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 # lowerings of that plan. Say so and try once more; a second crash fails it.
                 retried += 1
                 print(f"{label}: triton-adapter-opt died ({first_error(exc)}); lowering again")
-                row = lower_plan(geometry, variant, facts.soc)
+                row = lower_plan(geometry, variant, facts)
         except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
             print(f"{label:38} {geometry.label:26} lowering failed: {type(exc).__name__}: "
                   f"{first_error(exc)}")

@@ -13,8 +13,9 @@ Ascend facts are resolved in this order (the first that answers wins):
    ``Ascend910B3``, the target the CPU lowering check uses).
 
 The CUDA SM count comes from the device, else ``VLLM_ASCEND_EXT_NUM_SMS``, else the H200's
-132 (the GPU this project measures on; used when the CUDA plan is emulated on the CPU). A value
-that cannot be resolved raises ``RuntimeError`` naming the variable that would supply it.
+132 (the GPU this project measures on; used when the CUDA plan is emulated on the CPU). The
+variables are read through :mod:`.settings`: a value that does not parse, or is out of range,
+raises :class:`~.settings.SettingError` (a ``ValueError``) naming the variable.
 
 Nothing here imports ``torch_npu`` or CANN modules unless an NPU is actually in use.
 """
@@ -22,10 +23,11 @@ Nothing here imports ``torch_npu`` or CANN modules unless an NPU is actually in 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
+
+from . import settings
 
 __all__ = [
     "ASCEND_SOC_DEFAULTS",
@@ -36,18 +38,14 @@ __all__ = [
     "cuda_facts",
 ]
 
-ENV_SOC = "VLLM_ASCEND_EXT_SOC"
-ENV_UB_BYTES = "VLLM_ASCEND_EXT_UB_BYTES"
-ENV_VECTOR_CORES = "VLLM_ASCEND_EXT_VECTOR_CORES"
-ENV_NUM_SMS = "VLLM_ASCEND_EXT_NUM_SMS"
-
-DEFAULT_SOC = "Ascend910B3"
+DEFAULT_SOC = settings.DEFAULT_SOC
 #: SMs of the NVIDIA H200 SXM, the lent GPU every CUDA figure in docs/perf-notes.md comes from.
 DEFAULT_NUM_SMS = 132
 
 #: Per-SoC defaults: (vector cores, UB bytes per vector core). From CANN's platform
 #: description files (``platform_config/<soc>.ini``: ``vector_core_cnt`` and ``ub_size``).
-#: Atlas A2 (910B) and A3 (910C, per die) vector cores carry 192 KiB of UB each.
+#: Atlas A2 (910B) and A3 (910C, per die) vector cores carry 192 KiB of UB each. The names are
+#: :data:`.settings.ASCEND_SOCS` (a test keeps the two the same).
 ASCEND_SOC_DEFAULTS: dict[str, tuple[int, int]] = {
     "Ascend910B1": (48, 192 * 1024),
     "Ascend910B2": (48, 192 * 1024),
@@ -88,19 +86,7 @@ def backend_of(device: torch.device | str) -> str:
     return "cpu"
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw, 0)
-    except ValueError:
-        raise RuntimeError(f"{name}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise RuntimeError(f"{name}={raw!r} must be positive")
-    return value
-
-
+@functools.lru_cache(maxsize=None)
 def _npu_facts(index: int) -> AscendFacts:  # pragma: no cover - needs an NPU and CANN
     import torch_npu  # noqa: F401  (registers the npu device)
     import triton.runtime.driver as driver
@@ -108,7 +94,7 @@ def _npu_facts(index: int) -> AscendFacts:  # pragma: no cover - needs an NPU an
     props = driver.active.utils.get_device_properties(index)
     cores = int(props["num_vectorcore"])
     soc = torch.npu.get_device_name(index)
-    ub = _env_int(ENV_UB_BYTES)
+    ub = settings.ub_bytes()
     if ub is None:
         try:
             from tbe.common.platform import get_soc_spec
@@ -119,12 +105,11 @@ def _npu_facts(index: int) -> AscendFacts:  # pragma: no cover - needs an NPU an
     if ub is None:
         raise RuntimeError(
             f"cannot read the UB size of {soc}: CANN's tbe.common.platform is not importable "
-            f"and {soc} has no default; set {ENV_UB_BYTES}"
+            f"and {soc} has no default; set {settings.UB_BYTES}"
         )
     return AscendFacts(soc=soc, num_vector_cores=cores, ub_bytes=ub, source="device")
 
 
-@functools.lru_cache(maxsize=None)
 def ascend_facts(index: int | None = None) -> AscendFacts:
     """Vector cores and UB bytes of NPU ``index``, or of the targeted SoC when none is present.
 
@@ -141,38 +126,43 @@ def ascend_facts(index: int | None = None) -> AscendFacts:
 
     Raises
     ------
-    RuntimeError
-        When a number cannot be resolved; the message names the variable that supplies it.
+    SettingError
+        A ``ValueError`` naming the variable whose value does not parse or is out of range (an
+        unknown SoC, a UB too small for the op's smallest tile).
+
+    Notes
+    -----
+    The environment is read on every call and only the result for one reading is cached, so
+    a process that changes the variables is planned with the new values.
     """
     if index is not None:
         return _npu_facts(index)
-    soc = os.environ.get(ENV_SOC) or DEFAULT_SOC
-    cores, ub = _env_int(ENV_VECTOR_CORES), _env_int(ENV_UB_BYTES)
-    source = "env" if cores is not None or ub is not None else "default"
-    if cores is None or ub is None:
-        if soc not in ASCEND_SOC_DEFAULTS:
-            missing = ENV_VECTOR_CORES if cores is None else ENV_UB_BYTES
-            raise RuntimeError(
-                f"unknown Ascend SoC {soc!r} (known: {', '.join(sorted(ASCEND_SOC_DEFAULTS))}); "
-                f"set {missing} or {ENV_SOC}"
-            )
-        default_cores, default_ub = ASCEND_SOC_DEFAULTS[soc]
-        cores = cores if cores is not None else default_cores
-        ub = ub if ub is not None else default_ub
-    return AscendFacts(soc=soc, num_vector_cores=cores, ub_bytes=ub, source=source)
+    return _facts_from(settings.soc(), settings.vector_cores(), settings.ub_bytes())
 
 
 @functools.lru_cache(maxsize=None)
+def _facts_from(soc: str, cores: int | None, ub: int | None) -> AscendFacts:
+    source = "env" if cores is not None or ub is not None else "default"
+    default_cores, default_ub = ASCEND_SOC_DEFAULTS[soc]
+    return AscendFacts(soc=soc, num_vector_cores=default_cores if cores is None else cores,
+                       ub_bytes=default_ub if ub is None else ub, source=source)
+
+
 def cuda_facts(index: int | None = None) -> CudaFacts:
-    """SM count of CUDA device ``index``.
+    """SM count of CUDA device ``index`` (read once per device).
 
     ``None`` means no GPU is in use (the CUDA plan emulated on the CPU): the count comes from
     ``VLLM_ASCEND_EXT_NUM_SMS``, else :data:`DEFAULT_NUM_SMS`.
     """
     if index is not None:
-        props = torch.cuda.get_device_properties(index)
-        return CudaFacts(name=props.name, num_sms=props.multi_processor_count, source="device")
-    sms = _env_int(ENV_NUM_SMS)
+        return _gpu_facts(index)
+    sms = settings.num_sms()
     if sms is None:
         return CudaFacts(name="NVIDIA H200 (default)", num_sms=DEFAULT_NUM_SMS, source="default")
     return CudaFacts(name="(env)", num_sms=sms, source="env")
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_facts(index: int) -> CudaFacts:
+    props = torch.cuda.get_device_properties(index)
+    return CudaFacts(name=props.name, num_sms=props.multi_processor_count, source="device")

@@ -179,7 +179,7 @@ def _vllm_checks(backend: Backend) -> list[Check]:
 
 def _facts_checks(backend: Backend) -> list[Check]:
     try:
-        from ..ops import device
+        from ..ops import device, settings
     except Exception as exc:  # triton missing or broken: the op module cannot load
         return [Check(MISSING, "device facts", f"vllm_ascend_ext.ops does not import "
                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
@@ -192,15 +192,15 @@ def _facts_checks(backend: Backend) -> list[Check]:
                             f"{ascend.ub_bytes} B UB per core ({ascend.ub_bytes // 1024} KiB); {where}"))
     except Exception as exc:
         checks.append(Check(WRONG, "Ascend facts", str(exc).splitlines()[0],
-                            f"set {device.ENV_SOC} to a known SoC or {device.ENV_VECTOR_CORES} and "
-                            f"{device.ENV_UB_BYTES}"))
+                            f"set {settings.SOC} to a known SoC or {settings.VECTOR_CORES} and "
+                            f"{settings.UB_BYTES}"))
     try:
         cuda = device.cuda_facts(0 if backend.name == "cuda" and not backend.forced else None)
         where = "this GPU" if cuda.source == "device" else f"planning target, from {cuda.source} (no GPU attached)"
         checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs; {where}"))
     except Exception as exc:
         checks.append(Check(WRONG, "CUDA facts", str(exc).splitlines()[0],
-                            f"set {device.ENV_NUM_SMS}"))
+                            f"set {settings.NUM_SMS}"))
     return checks
 
 
