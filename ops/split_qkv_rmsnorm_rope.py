@@ -45,19 +45,14 @@ block's own loads are issued, so that their latency overlaps the positions -> ro
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
+from . import validation
 from .tiling import KernelShape, plan_for
 
 __all__ = ["split_qkv_rmsnorm_rope"]
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_POSITION_DTYPES = (torch.int32, torch.int64)
-MAX_HEAD_DIM = 512
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -269,74 +264,6 @@ def _split_qkv_rmsnorm_rope_kernel(
                         IS_NEOX, PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_BIAS, ROWS_AFTER_DATA)
 
 
-def _check_vector(name, tensor, length, device):
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{name} must be a tensor or None, got {type(tensor).__name__}")
-    if tensor.dim() != 1 or tensor.shape[0] != length:
-        raise ValueError(f"{name} must have shape [{length}], got {list(tensor.shape)}")
-    if tensor.dtype not in _DTYPES:
-        raise ValueError(f"{name} must be bf16, fp16 or fp32, got {tensor.dtype}")
-    if tensor.device != device:
-        raise ValueError(f"{name} is on {tensor.device}, qkv on {device}")
-    if tensor.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous")
-
-
-def _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
-                head_dim, eps, q_bias, k_bias, weight_offset):
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
-                        ("head_dim", head_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {head_dim}")
-    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2:
-        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads + 2*num_kv_heads) * head_dim]")
-    width = (num_q_heads + 2 * num_kv_heads) * head_dim
-    if qkv.shape[1] != width:
-        raise ValueError(f"qkv has {qkv.shape[1]} columns; num_q_heads={num_q_heads}, "
-                         f"num_kv_heads={num_kv_heads}, head_dim={head_dim} need {width}")
-    if qkv.dtype not in _DTYPES:
-        raise ValueError(f"qkv must be bf16, fp16 or fp32, got {qkv.dtype}")
-    if qkv.stride(1) != 1 or (qkv.shape[0] > 1 and qkv.stride(0) < width):
-        raise ValueError("qkv must have a contiguous last dim and a row stride of at least its width")
-    device = qkv.device
-    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if weight is not None:
-            _check_vector(name, weight, head_dim, device)
-    for name, bias, weight in (("q_bias", q_bias, q_weight), ("k_bias", k_bias, k_weight)):
-        if bias is not None:
-            if weight is None:
-                raise ValueError(f"{name} is only allowed together with a weight")
-            _check_vector(name, bias, head_dim, device)
-    cache = cos_sin_cache
-    if not isinstance(cache, torch.Tensor) or cache.dim() != 2 or cache.shape[0] < 1:
-        raise ValueError("cos_sin_cache must be a 2-D tensor [max_position, rotary_dim]")
-    rotary_dim = cache.shape[1]
-    if rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
-        raise ValueError(f"cos_sin_cache's rotary_dim must be even and in [2, head_dim={head_dim}], "
-                         f"got {rotary_dim}")
-    if cache.dtype not in _DTYPES:
-        raise ValueError(f"cos_sin_cache must be fp32, bf16 or fp16, got {cache.dtype}")
-    if cache.stride(1) != 1:
-        raise ValueError("cos_sin_cache must have a contiguous last dim")
-    if cache.device != device:
-        raise ValueError(f"cos_sin_cache is on {cache.device}, qkv on {device}")
-    if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
-        raise ValueError("positions must be a 1-D tensor [T]")
-    if positions.shape[0] != qkv.shape[0]:
-        raise ValueError(f"positions has {positions.shape[0]} entries, qkv has {qkv.shape[0]} tokens")
-    if positions.dtype not in _POSITION_DTYPES:
-        raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
-    if positions.device != device:
-        raise ValueError(f"positions is on {positions.device}, qkv on {device}")
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
-    if not isinstance(weight_offset, (int, float)) or not math.isfinite(weight_offset):
-        raise ValueError(f"weight_offset must be a finite float, got {weight_offset!r}")
-    return rotary_dim
-
-
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
                            num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
                            is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
@@ -382,14 +309,18 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     Raises
     ------
     ValueError
-        On a bad argument; the message names it.
+        On a bad argument, the message naming it (:mod:`.validation`, shared by every
+        implementation); on CPU tensors without Triton's interpreter; on tensors that require
+        grad while grad mode is on (the op has no backward).
     """
-    rotary_dim = _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                             num_kv_heads, head_dim, eps, q_bias, k_bias, weight_offset)
-    num_tokens = qkv.shape[0]
-    q_cols, kv_cols = num_q_heads * head_dim, num_kv_heads * head_dim
+    call = validation.split_qkv_rmsnorm_rope(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+    validation.check_runnable(qkv.device)
+    shape, num_tokens = call.shape, call.num_tokens
+    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     v = qkv[:, q_cols + kv_cols:]
-    if inplace:
+    if call.inplace:
         q, k = qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
     else:
         q = _new_output(qkv, num_tokens, q_cols)
@@ -397,9 +328,6 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     if num_tokens == 0:
         return q, k, v
 
-    shape = KernelShape(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                        rotary_dim=rotary_dim, elem_bytes=qkv.element_size(),
-                        cache_bytes=cos_sin_cache.element_size(), is_neox=bool(is_neox))
     plan = plan_for(qkv.device, shape, num_tokens)
     _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
         qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k,
@@ -411,11 +339,16 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
         qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0),
         cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(0),
-        eps=float(eps), weight_offset=float(weight_offset),
-        **_constexprs(shape, plan, q_norm=q_weight is not None, k_norm=k_weight is not None,
-                      q_bias=q_bias is not None, k_bias=k_bias is not None),
+        eps=call.eps, weight_offset=call.weight_offset,
+        **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+                      k_bias=call.k_bias),
         **plan.launch_options,
     )
+    if call.inplace and not qkv.is_inference():
+        # Autograd must see the write, as after any in-place op: a graph that saved qkv then
+        # refuses to backpropagate instead of computing a wrong gradient. (Inference tensors
+        # have no version counter.)
+        torch.autograd.graph.increment_version(qkv)
     return q, k, v
 
 

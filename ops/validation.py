@@ -1,0 +1,214 @@
+"""The one validator of ``split_qkv_rmsnorm_rope``'s arguments: every implementation calls it.
+
+The Triton launcher, the AscendC binding, the custom ops (their real and fake implementations)
+and ``vllm-ascend-ext plan`` all turn their arguments into a :class:`~.tiling.KernelShape`
+here, and every bad argument raises ``ValueError`` naming it. Nothing here imports Triton or
+touches a device: it reads shapes, strides, dtypes and devices only, so it runs on fake and meta
+tensors too.
+
+Two entry points:
+
+* :func:`geometry` checks a layer geometry (head counts, head size, rotary dims) and returns
+  its :class:`KernelShape`: what ``plan`` needs for a model that has no tensors yet;
+* :func:`split_qkv_rmsnorm_rope` checks a whole call and returns a :class:`Call` (the shape
+  plus the features the kernel is compiled for).
+
+:func:`check_runnable` is the one device question the Triton launcher asks before launching:
+CPU tensors run only through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from . import settings
+from .tiling import KernelShape
+
+__all__ = ["Call", "MAX_HEAD_DIM", "check_runnable", "geometry", "split_qkv_rmsnorm_rope"]
+
+#: Largest head the op serves: one head's tile row of 512 lanes (plus padding) is what the
+#: Ascend UB model and the CUDA register budget were sized and checked for.
+MAX_HEAD_DIM = 512
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+POSITION_DTYPES = (torch.int32, torch.int64)
+#: The kernel takes ``eps`` and ``weight_offset`` as fp32: larger magnitudes would become inf.
+FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One validated call: the geometry and element sizes, and the compiled-in features."""
+
+    shape: KernelShape
+    num_tokens: int
+    q_norm: bool
+    k_norm: bool
+    q_bias: bool
+    k_bias: bool
+    eps: float
+    weight_offset: float
+    inplace: bool
+
+
+def _count(name: str, value) -> int:
+    """A positive integer (Python or numpy integers; not bools, not floats)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    value = operator.index(value)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    """A real boolean (``bool`` or numpy's ``bool_``): a string such as ``"false"`` is refused."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def _finite(name: str, value, *, non_negative: bool = False) -> float:
+    """A real number that stays finite as the kernel's fp32 argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite float, got {value!r}")
+    try:
+        result = float(value)
+    except OverflowError:
+        result = math.inf
+    if not math.isfinite(result) or abs(result) > FP32_MAX:
+        raise ValueError(f"{name} must be a finite float within fp32's range, got {value!r}")
+    if non_negative and result < 0:
+        raise ValueError(f"{name} must be a finite non-negative float, got {value!r}")
+    return result
+
+
+def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, elem_bytes: int = 2,
+             cache_bytes: int = 4) -> KernelShape:
+    """Check a layer geometry; return its :class:`KernelShape`.
+
+    Parameters
+    ----------
+    num_q_heads, num_kv_heads : int
+        Heads of q and of k on one rank (``>= 1``; numpy integers are accepted).
+    head_dim : int
+        ``D``: even, at most :data:`MAX_HEAD_DIM`.
+    rotary_dim : int
+        ``R``: even, ``2 <= R <= D``.
+    is_neox : bool
+        NeoX (``True``) or GPT-J rotary.
+    elem_bytes, cache_bytes : int
+        Element sizes of qkv and of the cos/sin cache.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument that is out of range.
+    """
+    hq, hkv = _count("num_q_heads", num_q_heads), _count("num_kv_heads", num_kv_heads)
+    d = _count("head_dim", head_dim)
+    if d % 2 or d > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {d}")
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
+        raise ValueError(f"rotary_dim must be an int, got {rotary_dim!r}")
+    r = operator.index(rotary_dim)
+    if r % 2 or not 2 <= r <= d:
+        raise ValueError(f"rotary_dim (cos_sin_cache's last dim) must be even and in [2, head_dim={d}], "
+                         f"got {r}")
+    return KernelShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=r,
+                       elem_bytes=elem_bytes, cache_bytes=cache_bytes,
+                       is_neox=_flag("is_neox", is_neox))
+
+
+def _tensor(name: str, tensor, device) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, qkv on {device}")
+    if tensor.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, and split_qkv_rmsnorm_rope has no backward: call it "
+                         f"under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()")
+    return tensor
+
+
+def _vector(name: str, tensor, length: int, device) -> None:
+    _tensor(name, tensor, device)
+    if tensor.dim() != 1 or tensor.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {list(tensor.shape)}")
+    if tensor.dtype not in DTYPES:
+        raise ValueError(f"{name} must be bf16, fp16 or fp32, got {tensor.dtype}")
+    if tensor.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                           head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None,
+                           weight_offset=0.0, inplace=False) -> Call:
+    """Check one call of the op (its exact signature); return what the kernel is compiled for.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument; the message names it. Tensors that require grad are refused while
+        grad mode is on: the op has no backward, and an in-place write under autograd must
+        never leave a silently wrong gradient.
+    """
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2:
+        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads + 2*num_kv_heads) * head_dim]")
+    device = qkv.device
+    _tensor("qkv", qkv, None)
+    if qkv.dtype not in DTYPES:
+        raise ValueError(f"qkv must be bf16, fp16 or fp32, got {qkv.dtype}")
+    cache = _tensor("cos_sin_cache", cos_sin_cache, device)
+    if cache.dim() != 2 or cache.shape[0] < 1:
+        raise ValueError("cos_sin_cache must be a 2-D tensor [max_position, rotary_dim] with at "
+                         f"least one row, got shape {list(cache.shape)}")
+    if cache.dtype not in DTYPES:
+        raise ValueError(f"cos_sin_cache must be fp32, bf16 or fp16, got {cache.dtype}")
+    if cache.stride(1) != 1:
+        raise ValueError("cos_sin_cache must have a contiguous last dim")
+    shape = geometry(num_q_heads, num_kv_heads, head_dim, cache.shape[1], is_neox=is_neox,
+                     elem_bytes=qkv.element_size(), cache_bytes=cache.element_size())
+    width = (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    if qkv.shape[1] != width:
+        raise ValueError(f"qkv has {qkv.shape[1]} columns; num_q_heads={shape.num_q_heads}, "
+                         f"num_kv_heads={shape.num_kv_heads}, head_dim={shape.head_dim} need {width}")
+    if qkv.stride(1) != 1 or (qkv.shape[0] > 1 and qkv.stride(0) < width):
+        raise ValueError("qkv must have a contiguous last dim and a row stride of at least its width")
+    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if weight is not None:
+            _vector(name, weight, shape.head_dim, device)
+    for name, bias, weight in (("q_bias", q_bias, q_weight), ("k_bias", k_bias, k_weight)):
+        if bias is not None:
+            if weight is None:
+                raise ValueError(f"{name} is only allowed together with a weight")
+            _vector(name, bias, shape.head_dim, device)
+    _tensor("positions", positions, device)
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be a 1-D tensor [T], got shape {list(positions.shape)}")
+    if positions.shape[0] != qkv.shape[0]:
+        raise ValueError(f"positions has {positions.shape[0]} entries, qkv has {qkv.shape[0]} tokens")
+    if positions.dtype not in POSITION_DTYPES:
+        raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
+    return Call(shape=shape, num_tokens=qkv.shape[0], q_norm=q_weight is not None,
+                k_norm=k_weight is not None, q_bias=q_bias is not None, k_bias=k_bias is not None,
+                eps=_finite("eps", eps, non_negative=True),
+                weight_offset=_finite("weight_offset", weight_offset),
+                inplace=_flag("inplace", inplace))
+
+
+def check_runnable(device: torch.device) -> None:
+    """Raise ``ValueError`` when the Triton op cannot run on ``device`` in this process.
+
+    CPU tensors run through Triton's interpreter only, which Triton turns on from
+    ``TRITON_INTERPRET`` when a kernel is defined; without it Triton fails with a bare
+    "0 active drivers".
+    """
+    if torch.device(device).type == "cpu" and not settings.triton_interpret():
+        raise ValueError("qkv is on the CPU, and the Triton op runs on CPU tensors only through Triton's "
+                         f"interpreter: set {settings.TRITON_INTERPRET}=1 before importing the op (or pass "
+                         "tensors on an NPU or a GPU)")
