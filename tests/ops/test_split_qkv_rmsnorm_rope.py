@@ -16,9 +16,10 @@ import os
 import pytest
 import torch
 
-from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
+from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops import tiling
 from vllm_ascend_ext.ops.models import MODELS, AttentionGeometry, model
+from vllm_ascend_ext.ops.reference import make_inputs
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.tiling import KernelShape, ascend, cuda
 from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
@@ -38,58 +39,6 @@ POISON = {torch.float32: float("nan"), torch.float16: float("nan"), torch.bfloat
 #: Launch plans every plan-sensitive test runs under: the Ascend plan, and CUDA's plan for large
 #: batches and for small ones (which the op picks by token count on a GPU).
 BACKENDS = ("ascend", "cuda-large", "cuda-small")
-MAX_POSITION = 97
-
-
-def reference(qkv, q_weight, k_weight, cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-              is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
-    """The prologue in float64, written from the math, one head tensor at a time."""
-    tokens = qkv.shape[0]
-    rotary = cache.shape[1]
-    half = rotary // 2
-    pos = positions.long().clamp(0, cache.shape[0] - 1)
-    cos = cache.double()[pos, :half][:, None, :]
-    sin = cache.double()[pos, half:][:, None, :]
-    if is_neox:
-        first, second = torch.arange(half), torch.arange(half) + half
-    else:
-        first, second = torch.arange(0, rotary, 2), torch.arange(1, rotary, 2)
-    outs = []
-    start = 0
-    for heads, weight, bias in ((num_q_heads, q_weight, q_bias), (num_kv_heads, k_weight, k_bias)):
-        x = qkv[:, start:start + heads * head_dim].double().reshape(tokens, heads, head_dim)
-        start += heads * head_dim
-        if weight is not None:
-            rms = torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps)
-            x = x / rms * (weight_offset + weight.double())
-            if bias is not None:
-                x = x + bias.double()
-        y = x.clone()
-        y[..., first] = x[..., first] * cos - x[..., second] * sin
-        y[..., second] = x[..., second] * cos + x[..., first] * sin
-        outs.append(y.reshape(tokens, heads * head_dim))
-    return outs
-
-
-def make_inputs(geometry: AttentionGeometry, tokens: int, device, dtype=torch.bfloat16,
-                cache_dtype=torch.float32, positions_dtype=torch.int64, bias=False,
-                row_padding=0, generator=None):
-    """Fresh random inputs for one call; positions include values outside the cache."""
-    g = geometry
-    width = g.qkv_width
-    qkv = torch.randn(tokens, width + row_padding, device=device, dtype=dtype)[:, :width]
-    weights = [None, None]
-    if g.qk_norm:
-        weights = [torch.randn(g.head_dim, device=device, dtype=dtype) for _ in range(2)]
-    biases = [None, None]
-    if bias:
-        biases = [torch.randn(g.head_dim, device=device, dtype=dtype) for _ in range(2)]
-    cache = torch.randn(MAX_POSITION, g.rotary_dim, device=device, dtype=cache_dtype)
-    positions = torch.randint(-3, MAX_POSITION + 3, (tokens,), device=device, dtype=positions_dtype)
-    return dict(qkv=qkv, q_weight=weights[0], k_weight=weights[1], cos_sin_cache=cache,
-                positions=positions, num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads,
-                head_dim=g.head_dim, eps=g.eps, is_neox=g.is_neox, q_bias=biases[0],
-                k_bias=biases[1], weight_offset=g.weight_offset)
 
 
 @pytest.fixture
@@ -132,10 +81,7 @@ def run_and_check(args: dict, backend: str | None = None, inplace: bool = False)
     before = qkv.clone()
     with forced(backend, args):
         q, k, v = split_qkv_rmsnorm_rope(**args, inplace=inplace)
-    ref_q, ref_k = reference(before, args["q_weight"], args["k_weight"], args["cos_sin_cache"],
-                             args["positions"], args["num_q_heads"], args["num_kv_heads"],
-                             args["head_dim"], args["eps"], args["is_neox"], args["q_bias"],
-                             args["k_bias"], args["weight_offset"])
+    ref_q, ref_k = reference.split_qkv_rmsnorm_rope(**dict(args, qkv=before))
     tol = TOLERANCES[qkv.dtype]
     torch.testing.assert_close(q.double().cpu(), ref_q.cpu(), **tol)
     torch.testing.assert_close(k.double().cpu(), ref_k.cpu(), **tol)
@@ -178,7 +124,7 @@ SMALL = model("Qwen3-30B-A3B").shard(4)  # 8/1/128: cheap in the interpreter, q 
                          ids=lambda g: g.label)
 def test_tile_boundaries(device, poisoned, backend, geometry):
     for tokens in tile_boundary_tokens(geometry, backend, device):
-        run_and_check(make_inputs(geometry, tokens, device), backend)
+        run_and_check(make_inputs(geometry, tokens, device=device), backend)
 
 
 @pytest.mark.parametrize("spec", MODELS, ids=lambda m: m.name)
@@ -186,13 +132,13 @@ def test_model_table(device, poisoned, spec):
     """Every model of the table, sharded as far as it goes (small per-rank sizes), both plans."""
     geometry = spec.shard(8)
     for backend in BACKENDS:
-        run_and_check(make_inputs(geometry, 19, device), backend)
+        run_and_check(make_inputs(geometry, 19, device=device), backend)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_dtypes(device, poisoned, dtype, cache_dtype):
-    args = make_inputs(SMALL, 21, device, dtype=dtype, cache_dtype=cache_dtype,
+    args = make_inputs(SMALL, 21, device=device, dtype=dtype, cache_dtype=cache_dtype,
                        positions_dtype=torch.int32)
     run_and_check(args, "ascend")
 
@@ -202,12 +148,12 @@ def test_dtypes(device, poisoned, dtype, cache_dtype):
                                                  (256, 256), (512, 128), (2, 2), (6, 4)])
 def test_head_and_rotary_dims(device, poisoned, is_neox, head_dim, rotary_dim):
     geometry = AttentionGeometry(3, 1, head_dim, rotary_dim, is_neox=is_neox, weight_offset=0.5)
-    run_and_check(make_inputs(geometry, 9, device, dtype=torch.float32), "cuda-large")
+    run_and_check(make_inputs(geometry, 9, device=device, dtype=torch.float32), "cuda-large")
 
 
 @pytest.mark.parametrize("which", ["both", "q only", "k only", "none"])
 def test_optional_weights_and_bias(device, poisoned, which):
-    args = make_inputs(SMALL, 13, device, bias=True)
+    args = make_inputs(SMALL, 13, device=device, bias=True)
     if which in ("k only", "none"):
         args.update(q_weight=None, q_bias=None)
     if which in ("q only", "none"):
@@ -217,7 +163,7 @@ def test_optional_weights_and_bias(device, poisoned, which):
 
 def test_gemma_offset_and_bias(device, poisoned):
     geometry = model("Gemma-3-12B").shard(4)
-    run_and_check(make_inputs(geometry, 7, device, bias=True), "cuda-large")
+    run_and_check(make_inputs(geometry, 7, device=device, bias=True), "cuda-large")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -230,7 +176,7 @@ def test_inplace_matches_out_of_place(device, poisoned, backend, row_padding):
     in-place stores differently (narrower vectors, another reduction order: seen on the H200),
     so there the two agree to the dtype's tolerance; the interpreter is always bit-equal.
     """
-    args = make_inputs(SMALL, 29, device, row_padding=row_padding)
+    args = make_inputs(SMALL, 29, device=device, row_padding=row_padding)
     q, k = run_and_check(args, backend)
     wide = args["qkv"]
     base = wide.as_strided((wide.shape[0], wide.stride(0)), (wide.stride(0), 1)).clone()
@@ -248,14 +194,14 @@ def test_inplace_matches_out_of_place(device, poisoned, backend, row_padding):
 def test_grid_stride_loop(device, poisoned):
     """A plan with far fewer programs than tiles: every program walks many tiles."""
     plan = CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=1, max_programs=3, num_warps=4)
-    args = make_inputs(model("Qwen3-8B").shard(8), 23, device)
+    args = make_inputs(model("Qwen3-8B").shard(8), 23, device=device)
     with tiling.forced(plan=plan):
         run_and_check(args)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_calls_are_bit_identical(device, backend):
-    args = make_inputs(SMALL, 37, device)
+    args = make_inputs(SMALL, 37, device=device)
     with forced(backend, args):
         first = split_qkv_rmsnorm_rope(**args)
         second = split_qkv_rmsnorm_rope(**args)
@@ -263,7 +209,7 @@ def test_repeated_calls_are_bit_identical(device, backend):
 
 
 def test_zero_tokens(device):
-    args = make_inputs(SMALL, 0, device)
+    args = make_inputs(SMALL, 0, device=device)
     q, k, v = split_qkv_rmsnorm_rope(**args)
     assert q.shape == (0, 8 * 128) and k.shape == (0, 128) and v.shape == (0, 128)
     q, k, v = split_qkv_rmsnorm_rope(**args, inplace=True)
@@ -302,7 +248,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name,change", BAD_INPUTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_INPUTS)])
 def test_bad_inputs_name_the_argument(device, name, change):
-    args = change(make_inputs(SMALL, 5, device), device)
+    args = change(make_inputs(SMALL, 5, device=device), device)
     with pytest.raises(ValueError, match=name):
         split_qkv_rmsnorm_rope(**args)
 
@@ -310,7 +256,7 @@ def test_bad_inputs_name_the_argument(device, name, change):
 def test_device_mismatch_names_the_argument(device):
     if device.type == "cpu":
         pytest.skip("needs a second device type")
-    args = make_inputs(SMALL, 5, device)
+    args = make_inputs(SMALL, 5, device=device)
     with pytest.raises(ValueError, match="positions"):
         split_qkv_rmsnorm_rope(**dict(args, positions=args["positions"].cpu()))
 
@@ -334,11 +280,11 @@ def _compiled_variants() -> int:
 @gpu
 def test_no_recompile_per_batch_size(device):
     """One kernel for small batches and one for large ones, compiled once each."""
-    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 1, device))
-    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 8192, device))
+    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 1, device=device))
+    split_qkv_rmsnorm_rope(**make_inputs(SMALL, 8192, device=device))
     compiled = _compiled_variants()
     for tokens in (2, 16, 17, 63, 64, 1000, 4096, 8191):
-        split_qkv_rmsnorm_rope(**make_inputs(SMALL, tokens, device))
+        split_qkv_rmsnorm_rope(**make_inputs(SMALL, tokens, device=device))
     assert _compiled_variants() == compiled
 
 
@@ -361,7 +307,7 @@ def test_small_batches_get_the_small_batch_plan():
 
 @gpu
 def test_cuda_graph_capture(device):
-    args = make_inputs(SMALL, 64, device)
+    args = make_inputs(SMALL, 64, device=device)
     expected = split_qkv_rmsnorm_rope(**args)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -377,4 +323,4 @@ def test_cuda_graph_capture(device):
                                      ("Qwen3-Next-80B-A3B", 1), ("GLM-4-9B", 1), ("Phi-3-mini", 1)])
 @pytest.mark.parametrize("tokens", [4097, 16384 + 3])
 def test_large(device, poisoned, backend, name, tp, tokens):
-    run_and_check(make_inputs(model(name).shard(tp), tokens, device), backend)
+    run_and_check(make_inputs(model(name).shard(tp), tokens, device=device), backend)
