@@ -46,7 +46,7 @@ setup(
     name="vllm-ascend-ext",
     version="0.1.0",
     description="Fused split-QKV + q/k RMSNorm + RoPE for vLLM on Ascend NPUs (and CUDA)",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     packages=[
         "vllm_ascend_ext",
         "vllm_ascend_ext.cli",

@@ -11,7 +11,7 @@ No other module hard-codes a head count or head size: ask this table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 __all__ = [
     "BENCH_GEOMETRIES",
@@ -76,19 +76,15 @@ class AttentionGeometry:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A model's attention prologue before sharding (whole-model head counts)."""
+class ModelSpec(AttentionGeometry):
+    """A model's attention prologue before sharding: its whole-model geometry, a name and a note.
 
-    name: str
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    is_neox: bool = True
-    qk_norm: bool = True
-    weight_offset: float = 0.0
-    eps: float = 1e-6
-    note: str = ""
+    The geometry fields are :class:`AttentionGeometry`'s (listed there only); ``name`` and
+    ``note`` are keyword-only.
+    """
+
+    name: str = field(default="", kw_only=True)
+    note: str = field(default="", kw_only=True)
 
     def shard(self, tp: int) -> AttentionGeometry:
         """The geometry one rank sees at tensor-parallel size ``tp``.
@@ -109,44 +105,41 @@ class ModelSpec:
             if tp % self.num_kv_heads:
                 raise ValueError(f"{self.name}'s {self.num_kv_heads} kv heads cannot be replicated over tp={tp}")
             kv = 1
-        return AttentionGeometry(
-            num_q_heads=self.num_q_heads // tp,
-            num_kv_heads=kv,
-            head_dim=self.head_dim,
-            rotary_dim=self.rotary_dim,
-            is_neox=self.is_neox,
-            qk_norm=self.qk_norm,
-            weight_offset=self.weight_offset,
-            eps=self.eps,
-        )
+        whole = {f.name: getattr(self, f.name) for f in fields(AttentionGeometry)}
+        return AttentionGeometry(**(whole | {"num_q_heads": self.num_q_heads // tp, "num_kv_heads": kv}))
+
+
+def _spec(name: str, *geometry, note: str = "", **options) -> ModelSpec:
+    """A table row: the name first, then :class:`AttentionGeometry`'s arguments."""
+    return ModelSpec(*geometry, name=name, note=note, **options)
 
 
 MODELS: tuple[ModelSpec, ...] = (
-    ModelSpec("Qwen3-8B", 32, 8, 128, 128, note="Qwen3 dense (also 4B); q/k RMSNorm"),
-    ModelSpec("Qwen3-32B", 64, 8, 128, 128, note="Qwen3 dense, largest"),
-    ModelSpec("Qwen3-30B-A3B", 32, 4, 128, 128, note="Qwen3 MoE"),
-    ModelSpec("Qwen3-235B-A22B", 64, 4, 128, 128, note="Qwen3 MoE, largest"),
-    ModelSpec("Llama-3.1-8B", 32, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
-    ModelSpec("Llama-3.1-70B", 64, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
-    ModelSpec(
+    _spec("Qwen3-8B", 32, 8, 128, 128, note="Qwen3 dense (also 4B); q/k RMSNorm"),
+    _spec("Qwen3-32B", 64, 8, 128, 128, note="Qwen3 dense, largest"),
+    _spec("Qwen3-30B-A3B", 32, 4, 128, 128, note="Qwen3 MoE"),
+    _spec("Qwen3-235B-A22B", 64, 4, 128, 128, note="Qwen3 MoE, largest"),
+    _spec("Llama-3.1-8B", 32, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
+    _spec("Llama-3.1-70B", 64, 8, 128, 128, qk_norm=False, eps=1e-5, note="no q/k norm"),
+    _spec(
         "GLM-4-9B", 32, 2, 128, 64, is_neox=False, qk_norm=False, eps=1.5625e-7,
         note="partial_rotary_factor 0.5, interleaved (GPT-J) rotary, no q/k norm",
     ),
-    ModelSpec(
+    _spec(
         "Gemma-3-12B", 16, 8, 256, 256, weight_offset=1.0,
         note="D=256, q/k norm multiplies by (1 + w)",
     ),
-    ModelSpec(
+    _spec(
         "Qwen3-Next-80B-A3B", 16, 2, 256, 64, weight_offset=1.0,
         note="full-attention layers: D=256, partial rotary 0.25, (1 + w) q/k norm",
     ),
-    ModelSpec(
+    _spec(
         "MiMo-V2-Flash-qk", 64, 4, 192, 64, eps=1e-5,
         note="D=192 with partial rotary (q/k geometry of MiMo-V2-Flash's full-attention "
         "layers; its V is 128 wide there, here V is D wide as the fused layout requires)",
     ),
-    ModelSpec("Phi-3-mini", 32, 32, 96, 96, qk_norm=False, eps=1e-5, note="D=96, MHA"),
-    ModelSpec("Phi-2", 32, 32, 80, 32, qk_norm=False, eps=1e-5, note="D=80, partial rotary 0.4"),
+    _spec("Phi-3-mini", 32, 32, 96, 96, qk_norm=False, eps=1e-5, note="D=96, MHA"),
+    _spec("Phi-2", 32, 32, 80, 32, qk_norm=False, eps=1e-5, note="D=80, partial rotary 0.4"),
 )
 
 #: (model, tp) of the benchmark's four geometries: 32/8/128, 64/4/128, 8/1/128, 16/2/256.
