@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import settings
+
 _KERNEL_MODULE = "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope"
 
 
@@ -15,7 +17,9 @@ def refuse_interpreted_kernel() -> bool:
     The interpreter replaces the kernel with a Python object that cannot be compiled; a compile
     check must see the kernel before Triton's interpreter flag does.
     """
-    if os.environ.pop("TRITON_INTERPRET", None) == "1" and _KERNEL_MODULE in sys.modules:
+    interpreted = settings.triton_interpret()
+    os.environ.pop(settings.TRITON_INTERPRET, None)
+    if interpreted and _KERNEL_MODULE in sys.modules:
         print("the kernel was imported under TRITON_INTERPRET=1; run this check without it", file=sys.stderr)
         return True
     return False

@@ -7,14 +7,15 @@ forces the device (``cpu`` or ``cuda``).
 
 import os
 
+import pytest
 import torch
 
-_forced = os.environ.get("VLLM_ASCEND_EXT_TEST_DEVICE")
-DEVICE = _forced or ("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
+from vllm_ascend_ext.ops import settings  # imports no Triton
 
-import pytest  # noqa: E402
+DEVICE = settings.test_device() or (
+    "cuda" if torch.cuda.is_available() and not settings.triton_interpret() else "cpu")
+if DEVICE == "cpu":
+    os.environ[settings.TRITON_INTERPRET] = "1"
 
 
 @pytest.fixture(scope="session")

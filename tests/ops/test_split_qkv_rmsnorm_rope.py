@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import os
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from vllm_ascend_ext.ops import tiling
 from vllm_ascend_ext.ops.models import MODELS, AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
 from vllm_ascend_ext.ops import device as device_facts
+from vllm_ascend_ext.ops import settings
 from vllm_ascend_ext.ops.tiling import KernelShape, ascend, cuda
 from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
 
@@ -265,7 +265,7 @@ def test_device_mismatch_names_the_argument(device):
 # Compiled-kernel properties and large sizes: GPU only (the interpreter neither compiles nor
 # runs large sizes in reasonable time).
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or settings.triton_interpret(),
                          reason="needs a GPU without the interpreter")
 
 
