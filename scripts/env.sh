@@ -2,7 +2,8 @@
 #
 # Virtual environments live under $VLLM_ASCEND_EXT_VENVS (default .venv/) and are reused:
 #   main    torch 2.13.0 (CPU wheel on these machines) + triton 3.7.1 + numpy, pytest, matplotlib,
-#           and this package (editable): the op, its tests through the Triton interpreter, the CLI
+#           ruff, and this package (editable): the op, its tests through the Triton interpreter, the
+#           CLI, the lint
 #   ascend  torch 2.13.0 + triton-ascend 3.2.0 (it installs the package `triton` itself, hence a
 #           venv of its own) + pybind11 + numpy < 2 + pytest: the ttir -> linalg lowering check for
 #           Ascend, and the op tests through triton-ascend's own interpreter (Triton 3.2's
@@ -22,7 +23,7 @@ _venv() {  # _venv NAME: create $VENVS/NAME once; prints its python
 
 setup_main() {
   MAIN_PY=$(_venv main)
-  "$MAIN_PY" -m pip install -q torch==2.13.0 triton==3.7.1 numpy pytest matplotlib >&2
+  "$MAIN_PY" -m pip install -q torch==2.13.0 triton==3.7.1 numpy pytest matplotlib ruff >&2
   "$MAIN_PY" -m pip install -q --no-deps -e . >&2
 }
 

