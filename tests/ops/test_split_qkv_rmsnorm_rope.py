@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -243,6 +244,18 @@ BAD_INPUTS = [
     ("eps", lambda a, d: _bad(a, eps=-1.0)),
     ("eps", lambda a, d: _bad(a, eps=math.nan)),
     ("weight_offset", lambda a, d: _bad(a, weight_offset=math.inf)),
+    # Flags must be real bools: a string such as "false" is truthy and once meant NeoX / in place.
+    ("is_neox", lambda a, d: _bad(a, is_neox="false")),
+    ("inplace", lambda a, d: _bad(a, inplace="no")),
+    ("is_neox", lambda a, d: _bad(a, is_neox=1)),
+    # Scalars must stay finite as the kernel's fp32 arguments (10**400 once raised OverflowError,
+    # 1e39 became inf in the kernel).
+    ("eps", lambda a, d: _bad(a, eps=10**400)),
+    ("eps", lambda a, d: _bad(a, eps=1e39)),
+    ("weight_offset", lambda a, d: _bad(a, weight_offset=-1e39)),
+    ("eps", lambda a, d: _bad(a, eps="1e-6")),
+    ("num_q_heads", lambda a, d: _bad(a, num_q_heads=np.float64(8))),
+    ("head_dim", lambda a, d: _bad(a, head_dim=True)),
 ]
 
 
@@ -250,6 +263,21 @@ BAD_INPUTS = [
 def test_bad_inputs_name_the_argument(device, name, change):
     args = change(make_inputs(SMALL, 5, device=device), device)
     with pytest.raises(ValueError, match=name):
+        split_qkv_rmsnorm_rope(**args)
+
+
+def test_numpy_integers_are_head_counts(device, poisoned):
+    args = make_inputs(SMALL, 7, device=device)
+    run_and_check(dict(args, num_q_heads=np.int64(args["num_q_heads"]), num_kv_heads=np.int32(1),
+                       head_dim=np.int64(args["head_dim"])))
+
+
+def test_cpu_tensors_without_the_interpreter_say_so(monkeypatch):
+    """Without TRITON_INTERPRET the op refuses CPU tensors by name (Triton's own message was a bare
+    "0 active drivers")."""
+    args = make_inputs(SMALL, 3, device="cpu")
+    monkeypatch.setenv(settings.TRITON_INTERPRET, "0")
+    with pytest.raises(ValueError, match="qkv is on the CPU.*TRITON_INTERPRET=1"):
         split_qkv_rmsnorm_rope(**args)
 
 
