@@ -42,8 +42,8 @@ rope form          graph spelling
 
 Forms whose ops are not loaded in this process are skipped, so importing and running the pass
 needs only torch. The ops of a form can be swapped for stand-ins with the same schemas (see
-:mod:`vllm_ascend_ext.ascend_standins`): that is how the vllm-ascend form is tested where
-torch_npu cannot load.
+``tests/vllm/ascend_standins.py``, test-only): that is how the vllm-ascend form is tested
+where torch_npu cannot load.
 
 Each pattern's literal arguments (split sizes, head counts, eps, R) are checked exactly by the
 pattern matcher when a candidate is found (it re-traces the pattern on the candidate's own
@@ -232,7 +232,7 @@ def npu_forms(rms_norm_op=None, rope_op=None) -> tuple[NormForm, RopeForm] | Non
     rms_norm_op, rope_op : OpOverload or None
         The ops to match. Default: ``torch.ops.npu.npu_rms_norm`` and
         ``torch.ops.vllm.npu_rotary_embedding`` when loaded (torch_npu and vllm-ascend). Tests
-        pass the stand-ins of :mod:`vllm_ascend_ext.ascend_standins`.
+        pass the stand-ins of ``tests/vllm/ascend_standins.py``.
 
     Returns
     -------

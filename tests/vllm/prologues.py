@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext import ascend_standins
 from vllm_ascend_ext.fusion import native_rms_norm, native_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
+
+import ascend_standins
 
 MAX_POSITION = 64
 VIEW_STYLES = ("qwen3", "gemma3", "qwen3_next")

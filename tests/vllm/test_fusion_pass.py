@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from vllm_ascend_ext import ascend_standins, custom_ops, fusion
+from vllm_ascend_ext import custom_ops, fusion
 from vllm_ascend_ext.fusion import LOG_FORMAT, QKNormRoPEFusionPass
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
+import ascend_standins
 from prologues import MAX_POSITION, AscendPrologue, Prologue, TwoLayers
 
 #: Fused vs unfused, by dtype. fp32: both paths compute in fp32 (different op order). bf16:
@@ -273,3 +274,14 @@ def test_standins_are_clearly_named_and_match_real_schemas():
         "vllm_ascend_ext_standin::npu_rms_norm(Tensor self, Tensor gamma, float epsilon=")
     schema = str(ascend_standins.npu_rotary_embedding._schema)
     assert "int head_size, int rotary_dim, bool is_neox_style, Tensor? offsets=None" in schema
+
+
+def test_standins_are_not_part_of_the_package():
+    import importlib.util
+    from pathlib import Path
+
+    import vllm_ascend_ext
+
+    assert importlib.util.find_spec("vllm_ascend_ext.ascend_standins") is None
+    assert Path(ascend_standins.__file__).resolve().parent == Path(__file__).resolve().parent
+    assert not any("standin" in p.name for p in Path(vllm_ascend_ext.__file__).parent.rglob("*.py"))

@@ -12,7 +12,8 @@ loads without CANN. This module defines ops with **the same schemas** in a names
 what they are, ``vllm_ascend_ext_standin``, with plain PyTorch CPU bodies (RMSNorm returning
 ``(y, rstd)``; RoPE NeoX/GPT-J over the first ``rotary_dim`` dims). They exist only so that
 tests can build graphs in vllm-ascend's form and check that the fusion pass
-(:func:`vllm_ascend_ext.fusion.npu_forms`) rewrites them. Production code never calls them.
+(:func:`vllm_ascend_ext.fusion.npu_forms`) rewrites them. Test-only, so it lives under
+``tests/vllm/`` and is not part of the installed package.
 """
 
 from __future__ import annotations
