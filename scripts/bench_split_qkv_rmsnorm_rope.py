@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Check and time split_qkv_rmsnorm_rope against the unfused paths (see vllm_ascend_ext.bench)."""
+"""Same as ``vllm-ascend-ext bench`` (its options: ``--tokens 1,64``, ``--providers``, ``--out``, ...)."""
 
 import sys
 
-from vllm_ascend_ext.bench import main
+from vllm_ascend_ext.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

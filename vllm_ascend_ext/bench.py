@@ -15,24 +15,25 @@ device-to-device copy bandwidth measured in the same run; the launch floor is an
 kernel replayed from a CUDA graph. Beside the floor each row has a reference: a plain Triton copy
 kernel moving the same number of bytes, timed the same way (launch included), which is what any
 kernel moving the prologue's bytes could reach as measured here. Before timing, every
-provider's output is checked against a float64 evaluation of the same math.
+provider's output is checked against the float64 reference of ``ops.reference`` on inputs from
+its generator (``ops.reference.make_inputs``).
 
 On CPU the kernel runs through the Triton interpreter: the sizes are small and the timings
 mean nothing for NPU or GPU speed; the run is a correctness and plumbing check.
 
-Usage: ``python scripts/bench_split_qkv_rmsnorm_rope.py [--tokens 1 64 ...] [--out DIR]``.
+This is a library: :func:`run` measures (reporting progress through a callback),
+:func:`format_table`, :func:`bar_verdict`, :func:`check_rows` and :func:`write_outputs` present.
+The command is ``vllm-ascend-ext bench`` (:mod:`vllm_ascend_ext.cli.bench`); this module never
+imports the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import json
-import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,36 +76,60 @@ class Row:
 
 
 def detect_device() -> torch.device:
-    """The device the op would run on here, as ``vllm-ascend-ext doctor`` decides it (an NPU,
-    else a CUDA GPU, else the CPU through the interpreter)."""
-    from .cli.common import detect_backend
+    """The device the op would run on here, as ``vllm-ascend-ext doctor`` decides it.
+
+    Returns
+    -------
+    torch.device
+        An NPU, else a CUDA GPU, else the CPU (through the interpreter), as
+        :func:`vllm_ascend_ext.backends.detect_backend` finds them.
+    """
+    from .backends import detect_backend
 
     return torch.device(detect_backend().device)
 
 
 def default_providers(device_type: str) -> tuple[str, ...]:
-    """All providers on an accelerator; on ``"cpu"`` eager and ours (Inductor's CPU compile of
-    every shape would take minutes and time nothing that matters)."""
+    """The providers a run times by default on a device type.
+
+    Parameters
+    ----------
+    device_type : str
+        ``"cuda"``, ``"npu"`` or ``"cpu"``.
+
+    Returns
+    -------
+    tuple of str
+        All of :data:`PROVIDERS` on an accelerator; on ``"cpu"`` eager and ours (Inductor's CPU
+        compile of every shape would take minutes and time nothing that matters).
+    """
     return ("eager", "ours") if device_type == "cpu" else PROVIDERS
 
 
 def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
-                     head_dim, eps, is_neox=True, weight_offset=0.0):
-    """The prologue as vLLM runs it unfused: split -> view -> RMSNorm -> view -> RoPE."""
+                     head_dim, eps, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+    """The prologue as vLLM runs it unfused: split -> view -> RMSNorm -> view -> RoPE.
+
+    The ``eager`` provider (and, compiled, ``compile``); it rounds to qkv's dtype after the norm
+    as vLLM does, so it is a provider, not the reference (``ops.reference`` is). Positions must
+    lie in the cache (``index_select`` does not clamp).
+    """
     q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
 
-    def rms_norm(x, weight):
+    def rms_norm(x, weight, bias):
         if weight is None:
             return x
         heads = x.view(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
-        compute = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for the reference
+        compute = torch.promote_types(x.dtype, torch.float32)
         xf = heads.to(compute)
         xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         out = xf.to(x.dtype) * (weight_offset + weight.to(compute)).to(x.dtype)
+        if bias is not None:
+            out = out + bias
         return out.view(x.shape)
 
-    q, k = rms_norm(q, q_weight), rms_norm(k, k_weight)
+    q, k = rms_norm(q, q_weight, q_bias), rms_norm(k, k_weight, k_bias)
     rotary_dim = cos_sin_cache.shape[1]
     cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2).to(qkv.dtype), sin.unsqueeze(-2).to(qkv.dtype)
@@ -123,26 +148,55 @@ def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_he
     return rope(q), rope(k), v
 
 
+#: Rows of the benchmark's cos/sin cache (positions are drawn inside it).
+MAX_POSITION = 4096
+
+
 def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int = 0) -> dict:
-    """Random inputs of one geometry (fresh per seed), as the op and the unfused path take them."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    g = geometry
-    weights = [None, None]
-    if g.qk_norm:
-        weights = [torch.randn(g.head_dim, generator=gen).to(device, dtype) for _ in range(2)]
-    max_position = 4096
-    return dict(
-        qkv=torch.randn(tokens, g.qkv_width, generator=gen).to(device, dtype),
-        q_weight=weights[0], k_weight=weights[1],
-        cos_sin_cache=torch.randn(max_position, g.rotary_dim, generator=gen).to(device),
-        positions=torch.randint(0, max_position, (tokens,), generator=gen).to(device),
-        num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
-        eps=g.eps, is_neox=g.is_neox, weight_offset=g.weight_offset,
-    )
+    """The benchmark's arguments of one call: ``ops.reference.make_inputs`` with a seeded generator.
+
+    Parameters
+    ----------
+    geometry : AttentionGeometry
+        One rank's layer geometry.
+    tokens : int
+        ``T``.
+    device : torch.device or str
+        Where the tensors live.
+    dtype : torch.dtype
+        qkv's (and the weights') dtype; the cache is fp32.
+    seed : int
+        Seed of the CPU generator the draws come from (the same seed gives the same inputs).
+
+    Returns
+    -------
+    dict
+        The op's keyword arguments. Positions stay inside the cache, as the unfused providers
+        need.
+    """
+    from .ops.reference import make_inputs as reference_inputs
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return reference_inputs(geometry, tokens, device=device, dtype=dtype, cache_dtype=torch.float32,
+                            max_position=MAX_POSITION, out_of_range=False, generator=generator)
 
 
 def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4) -> int:
-    """The fewest bytes the prologue moves: q and k read and written, one cos/sin row a token."""
+    """The fewest bytes the prologue moves: q and k read and written, one cos/sin row a token.
+
+    Parameters
+    ----------
+    geometry : AttentionGeometry
+        One rank's layer geometry.
+    tokens : int
+        ``T``.
+    elem_bytes, cache_bytes : int
+        Element sizes of qkv and of the cos/sin cache.
+
+    Returns
+    -------
+    int
+    """
     qk = (geometry.num_q_heads + geometry.num_kv_heads) * geometry.head_dim * elem_bytes
     return tokens * (2 * qk + geometry.rotary_dim * cache_bytes)
 
@@ -283,7 +337,7 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
     geometries : sequence of (model name, tp), optional
         Default ``ops.models.BENCH_GEOMETRIES``.
     progress : callable, optional
-        Called with a short label before each measurement.
+        Called with a short label before each measurement; the run is over when this returns.
     reps : int, optional
         Repetitions per timing where the device has no graph replay (NPU, CPU).
 
@@ -292,11 +346,23 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
     dict
         ``{"rows": [Row, ...], "meta": {...}}``; ``meta`` holds the device, the copy bandwidth,
         the launch floor and the versions.
+
+    Raises
+    ------
+    ValueError
+        Naming ``tokens`` or ``providers`` when one is not a positive int / not a provider.
     """
+    from vllm_ascend_ext.ops import settings
     from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
+    from vllm_ascend_ext.ops.reference import split_qkv_rmsnorm_rope as reference
 
     is_cpu = device.type == "cpu"
     tokens = tuple(tokens or (CPU_TOKENS if is_cpu else GPU_TOKENS))
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tokens):
+        raise ValueError(f"tokens must be positive ints, got {tokens!r}")
+    providers = tuple(providers)
+    if not providers or any(p not in PROVIDERS for p in providers):
+        raise ValueError(f"providers must be a non-empty subset of {PROVIDERS}, got {providers!r}")
     geometries = tuple(geometries or BENCH_GEOMETRIES)
     timer = _Timer(device, reps or (3 if is_cpu else 50))
     if "compile" in providers:
@@ -316,8 +382,7 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
         geometry = model(name).shard(tp)
         for count in tokens:
             args = make_inputs(geometry, count, device, seed=count)
-            ref = unfused_prologue(**{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                                      else v for k, v in args.items()})[:2]
+            ref = reference(**args)
             nbytes = bytes_moved(geometry, count)
             floor = nbytes / bandwidth * 1e6 if bandwidth == bandwidth else float("nan")
             copy_us = copy_replay(device, timer, nbytes)
@@ -332,7 +397,7 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch,
         "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
-        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+        "interpreter": settings.triton_interpret(),
     }
     return {"rows": rows, "meta": meta}
 
@@ -347,15 +412,37 @@ def _triton_version() -> str:
 
 
 def check_rows(rows) -> list[str]:
-    """Rows whose provider output is further from float64 than the dtype allows (bf16 inputs)."""
+    """The ``ours`` rows further from the float64 reference than bf16 allows.
+
+    Parameters
+    ----------
+    rows : list of Row
+        A run's rows.
+
+    Returns
+    -------
+    list of str
+        One line per failing row (empty when every check passed).
+    """
     limit = TOLERANCE[torch.bfloat16]
     return [f"{r.model} tp{r.tp} T={r.tokens} {r.provider}: rel err {r.max_rel_err:.2e} > {limit:.1e}"
             for r in rows if r.provider == "ours" and not r.max_rel_err <= limit]
 
 
 def format_table(result: dict) -> str:
-    """The table: µs per provider, our GB/s, the floor, ours/floor, ours/launch floor, the
-    same-bytes copy and ours/copy, compile/ours."""
+    """A run as a text table.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run` returned.
+
+    Returns
+    -------
+    str
+        A device line, then per (geometry, T): µs per provider, our GB/s, the floor, ours/floor,
+        ours/launch floor, the same-bytes copy and ours/copy, compile/ours, our error.
+    """
     rows, meta = result["rows"], result["meta"]
     by_key: dict = {}
     for r in rows:
@@ -383,6 +470,15 @@ def bar_verdict(result: dict) -> list[str]:
 
     Each failing row is listed with what the same-bytes copy reached: where the copy itself is
     over the bar, no kernel that moves those bytes meets it as measured.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run` returned.
+
+    Returns
+    -------
+    list of str
     """
     rows = [r for r in result["rows"] if r.provider == "ours"]
     compile_us = {(r.model, r.tp, r.tokens): r.us for r in result["rows"] if r.provider == "compile"}
@@ -411,7 +507,20 @@ def bar_verdict(result: dict) -> list[str]:
 
 
 def write_outputs(result: dict, out_dir: Path) -> list[Path]:
-    """CSV and JSON of every row, and a PNG (bandwidth vs tokens per provider, with the floor)."""
+    """CSV and JSON of every row, and a PNG (bandwidth vs tokens per provider, with the floor).
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run` returned.
+    out_dir : Path
+        The folder (created if missing); nothing is written outside it.
+
+    Returns
+    -------
+    list of Path
+        The files written (no PNG without matplotlib).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
     fields = list(asdict(rows[0])) + ["gbps"] if rows else []
@@ -432,7 +541,20 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
 
 def plot(result: dict, path: Path) -> Path | None:
     """Bandwidth (GB/s) vs tokens, one panel per geometry, one line per provider, and the copy
-    bandwidth as the ceiling. Returns ``None`` when matplotlib is not installed."""
+    bandwidth as the ceiling.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run` returned.
+    path : Path
+        The PNG to write.
+
+    Returns
+    -------
+    Path or None
+        ``path``, or ``None`` when matplotlib is not installed.
+    """
     try:
         import matplotlib
 
@@ -463,37 +585,3 @@ def plot(result: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
-    """Command-line entry; returns the exit status (1 when a check fails)."""
-    parser = argparse.ArgumentParser(description="Check and time split_qkv_rmsnorm_rope against "
-                                     "the unfused eager and torch.compile paths.")
-    parser.add_argument("--tokens", type=int, nargs="+", help="token counts (default by device)")
-    parser.add_argument("--providers", nargs="+", choices=PROVIDERS, help="default: all on an "
-                        "accelerator, eager and ours on CPU")
-    parser.add_argument("--out", type=Path, default=Path("results/bench"), help="output folder")
-    parser.add_argument("--device", help="cuda, npu or cpu (default: detected)")
-    args = parser.parse_args(argv)
-    device = torch.device(args.device) if args.device else detect_device()
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        if os.environ["TRITON_INTERPRET"] != "1":
-            print("CPU run needs TRITON_INTERPRET=1", file=sys.stderr)
-            return 2
-    providers = tuple(args.providers or default_providers(device.type))
-    if any(t < 0 for t in args.tokens or ()):
-        print("--tokens must be non-negative", file=sys.stderr)
-        return 2
-    result = run(device, args.tokens, providers, progress=progress)
-    print(format_table(result))
-    for line in bar_verdict(result) if device.type == "cuda" else []:
-        print("bar: " + line)
-    if device.type == "cpu":
-        print(CPU_DISCLAIMER)
-    paths = write_outputs(result, args.out)
-    print("wrote " + ", ".join(str(p) for p in paths))
-    failures = check_rows(result["rows"])
-    for line in failures:
-        print("CHECK FAILED: " + line)
-    return 1 if failures else 0

@@ -1,28 +1,41 @@
 """``vllm-ascend-ext bench``: check and time the fused op on the detected device.
 
-The work is :mod:`vllm_ascend_ext.bench` (the benchmark core: providers ``eager`` /
+The work is :mod:`vllm_ascend_ext.bench` (the benchmark library: providers ``eager`` /
 ``compile`` / ``ours``, the float64 check, the table, CSV/JSON, the PNG, CUDA-graph timing on
 CUDA, small interpreter sizes on CPU). This module picks the device the way ``doctor`` does,
-resolves the token counts and providers so the progress bar knows its length, draws the bar
-through the core's ``progress`` callback, and hands the rest to ``vllm_ascend_ext.bench.main``.
+checks the options, the environment and the output folder before anything is measured, calls
+:func:`vllm_ascend_ext.bench.run` with a progress bar as its ``progress`` callback, finishes the
+bar when the run returns, then prints the table and writes the files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
+from pathlib import Path
 
-from .common import BACKENDS, CliError, Progress, detect_backend, ensure_interpreter
+from .common import BACKENDS, CliError, Progress, check_settings, output_dir, usable_backend
 from .geometry import parse_int_list
 
-__all__ = ["add_parser", "resolve", "run"]
+__all__ = ["DEFAULT_OUT", "add_parser", "resolve", "run"]
 
-#: torch device names the core's ``--device`` takes, by backend.
-DEVICE_OF = {"npu": "npu", "cuda": "cuda", "cpu": "cpu"}
+#: Where the files go without ``--out`` (``results/`` is git-ignored).
+DEFAULT_OUT = Path("results") / "bench"
 
 
 def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Token counts and providers of the run: the ones given, else the core's defaults.
+    """Token counts and providers of the run: the ones given, else the library's defaults.
+
+    Parameters
+    ----------
+    backend : str
+        ``"npu"``, ``"cuda"`` or ``"cpu"``: picks the defaults.
+    tokens, providers : str or None
+        ``--tokens`` and ``--providers`` as typed (comma-separated).
+
+    Returns
+    -------
+    tokens : tuple of int
+    providers : tuple of str
 
     Raises
     ------
@@ -31,16 +44,16 @@ def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tu
     """
     from .. import bench as core
 
-    counts = parse_int_list(tokens, "--tokens") if tokens else (
+    counts = parse_int_list(tokens, "--tokens") if tokens is not None else (
         core.CPU_TOKENS if backend == "cpu" else core.GPU_TOKENS)
-    if providers:
+    if providers is not None:
         names = tuple(p.strip() for p in providers.split(",") if p.strip())
         unknown = [p for p in names if p not in core.PROVIDERS]
         if unknown or not names:
             raise CliError(f"--providers takes a comma-separated subset of {', '.join(core.PROVIDERS)}, "
                            f"got {providers!r}")
     else:
-        names = core.default_providers(DEVICE_OF[backend])
+        names = core.default_providers(backend)
     return tuple(counts), names
 
 
@@ -57,53 +70,47 @@ def add_parser(subparsers) -> None:
                                          "1 to 16384 on an accelerator)")
     parser.add_argument("--providers", help="comma-separated subset of eager,compile,ours "
                                             "(default: all on an accelerator, eager,ours on CPU)")
-    parser.add_argument("--out", help="output folder (default results/bench)")
+    parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
-                        help="run on npu, cuda or cpu instead of the detected backend")
+                        help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
     parser.add_argument("--no-progress", action="store_true", help="draw no progress bar")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    """Run the benchmark core with a progress bar; its exit status is ours."""
-    backend = detect_backend(args.backend)
+    """Check, then measure, then print and write; exit status 1 when a check against the reference fails."""
+    backend = usable_backend(args.backend)
+    tokens, providers = resolve(backend.name, args.tokens, args.providers)
+    from ..backends import ensure_interpreter
+
     ensure_interpreter(backend)
+    check_settings()
+    out = output_dir(args.out if args.out is not None else DEFAULT_OUT, "--out")
+
+    import torch
+
     from .. import bench as core
     from ..ops.models import BENCH_GEOMETRIES
 
-    tokens, providers = resolve(backend.name, args.tokens, args.providers)
+    device = torch.device(backend.device)
     if backend.name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
                          "the Triton interpreter mean nothing for NPU or GPU speed\n")
-    argv = ["--device", DEVICE_OF[backend.name], "--tokens", *map(str, tokens), "--providers", *providers]
-    if args.out:
-        argv += ["--out", args.out]
     bar = Progress(len(BENCH_GEOMETRIES) * len(tokens) * len(providers), label="bench",
                    enabled=not args.no_progress)
     try:
-        with contextlib.redirect_stdout(_EndBarOnOutput(sys.stdout, bar)):
-            status = core.main(argv, progress=bar.begin)
-    except SystemExit as exc:  # the core's own argument errors
-        raise CliError(f"the benchmark core rejected {' '.join(argv)}", code=int(exc.code or 2)) from None
+        result = core.run(device, tokens, providers, progress=bar.begin)
+        bar.finish()
     finally:
         bar.close()
-    return status
-
-
-class _EndBarOnOutput:
-    """stdout that completes the progress bar before the first thing the core prints.
-
-    The core calls ``progress`` before each measurement and prints its table after the last;
-    the first write to stdout therefore means every measurement is done.
-    """
-
-    def __init__(self, stream, bar: Progress):
-        self._stream, self._bar = stream, bar
-
-    def write(self, text: str) -> int:
-        if self._bar.active:
-            self._bar.finish()
-        return self._stream.write(text)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
+    print(core.format_table(result))
+    for line in core.bar_verdict(result) if device.type == "cuda" else []:
+        print("bar: " + line)
+    if device.type == "cpu":
+        print(core.CPU_DISCLAIMER)
+    paths = core.write_outputs(result, out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    failures = core.check_rows(result["rows"])
+    for line in failures:
+        print("CHECK FAILED: " + line)
+    return 1 if failures else 0

@@ -1,34 +1,43 @@
-"""What the subcommands share: the error type, the backend probe, a progress bar, file output.
+"""What the subcommands share: the error type and its one-line form, the backend check, the
+settings check, a progress bar, output folders.
 
-Nothing here imports ``torch_npu``, vLLM or Triton at module import time; :func:`detect_backend`
-imports ``torch`` (and ``torch_npu`` only when it is installed) when it is called.
+The backend probe itself is :mod:`vllm_ascend_ext.backends` (the benchmark library uses it too).
+Nothing here imports ``torch_npu``, vLLM or Triton at module import time.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import os
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from ..backends import BACKENDS, Backend, detect_backend, ensure_interpreter, unavailable_reason
+from ..ops import settings
 
 __all__ = [
     "BACKENDS",
     "Backend",
+    "detect_backend",
+    "ensure_interpreter",
+    "PROG",
     "CliError",
     "CliParser",
     "Progress",
-    "detect_backend",
+    "check_settings",
     "dist_version",
-    "ensure_interpreter",
+    "error_line",
+    "output_dir",
     "results_dir",
+    "usable_backend",
 ]
 
-#: The backends the CLI knows, by the name ``--backend`` takes.
-BACKENDS = ("npu", "cuda", "cpu")
+PROG = "vllm-ascend-ext"
+#: What each backend's device is called in messages.
+DEVICE_NAMES = {"npu": "Ascend NPU", "cuda": "CUDA GPU", "cpu": "CPU"}
 #: Where ``profile`` (and ``bench`` by default) write; ``results/`` is git-ignored.
 RESULTS_ROOT = "results"
 
@@ -60,6 +69,12 @@ class CliParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def error_line(command: str | None, message: str) -> str:
+    """The one line a failed command prints: ``vllm-ascend-ext <command>: error: <message>``."""
+    where = f"{PROG} {command}" if command else PROG
+    return f"{where}: error: {message}\n"
+
+
 def dist_version(name: str) -> str | None:
     """Installed version of distribution ``name``, or ``None`` when it is not installed."""
     try:
@@ -68,57 +83,13 @@ def dist_version(name: str) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class Backend:
-    """Where the op would run here, and why.
-
-    Attributes
-    ----------
-    name : str
-        ``"npu"``, ``"cuda"`` or ``"cpu"`` (the Triton interpreter).
-    reason : str
-        One sentence saying why this backend was chosen over the others.
-    device : str
-        The torch device string the op would use (``"npu:0"``, ``"cuda:0"``, ``"cpu"``).
-    forced : bool
-        Chosen with ``--backend`` rather than found: the device may not exist here.
-    """
-
-    name: str
-    reason: str
-    device: str
-    forced: bool = False
-
-
-def _npu_available() -> tuple[bool, str]:
-    """Whether an NPU is usable, importing ``torch_npu`` only when it is installed."""
-    if importlib.util.find_spec("torch_npu") is None:
-        return False, "torch_npu is not installed"
-    try:
-        import torch
-        import torch_npu  # noqa: F401  (registers torch.npu)
-    except Exception as exc:  # torch_npu raises many kinds when CANN is missing or mismatched
-        return False, f"torch_npu does not import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    try:
-        count = torch.npu.device_count()
-    except Exception as exc:
-        return False, f"torch.npu.device_count() failed ({type(exc).__name__})"
-    if count < 1:
-        return False, "torch_npu imports but sees no NPU"
-    return True, f"torch_npu sees {count} NPU(s)"
-
-
-def detect_backend(forced: str | None = None) -> Backend:
-    """The backend the op would run on in this process.
-
-    Order: an NPU (``torch_npu`` installed, importable, at least one device), else a CUDA GPU,
-    else the CPU through the Triton interpreter.
+def usable_backend(forced: str | None = None) -> Backend:
+    """The detected backend, or the one ``--backend`` names when its device is here.
 
     Parameters
     ----------
     forced : str or None
-        ``"npu"``, ``"cuda"`` or ``"cpu"`` to skip the probe (``--backend``); the reason then
-        says so.
+        ``--backend``'s value (``None``: detect).
 
     Returns
     -------
@@ -127,38 +98,79 @@ def detect_backend(forced: str | None = None) -> Backend:
     Raises
     ------
     CliError
-        If ``forced`` is not a known backend name.
+        Exit status 2 when ``forced`` names a device this machine does not have; the line says
+        why and points at ``vllm-ascend-ext doctor``.
     """
-    if forced is not None:
-        if forced not in BACKENDS:
-            raise CliError(f"--backend must be one of {', '.join(BACKENDS)}, got {forced!r}")
-        device = {"npu": "npu:0", "cuda": "cuda:0", "cpu": "cpu"}[forced]
-        return Backend(forced, "chosen with --backend", device, forced=True)
-    npu_ok, npu_why = _npu_available()
-    if npu_ok:
-        return Backend("npu", npu_why, "npu:0")
-    import torch
-
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        return Backend("cuda", f"no NPU ({npu_why}); CUDA GPU found: {name}", "cuda:0")
-    cuda_why = "torch has no CUDA build" if torch.version.cuda is None else "torch sees no CUDA GPU"
-    return Backend("cpu", f"no NPU ({npu_why}) and no CUDA GPU ({cuda_why}): "
-                          "the op runs through the Triton interpreter on CPU tensors", "cpu")
+    backend = detect_backend(forced)
+    if backend.forced:
+        why = unavailable_reason(backend.name)
+        if why is not None:
+            raise CliError(f"--backend {backend.name}: no {DEVICE_NAMES[backend.name]} on this machine ({why}); "
+                           "`vllm-ascend-ext doctor` says what to install")
+    return backend
 
 
-def ensure_interpreter(backend: Backend) -> None:
-    """Turn on Triton's interpreter for the CPU backend, before the op module is imported.
+def check_settings() -> None:
+    """Read the environment variables the op's launch plans are sized from, before any work starts.
 
-    Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, so this must run before
-    ``vllm_ascend_ext.ops`` is first imported.
+    ``VLLM_ASCEND_EXT_SOC``, ``_UB_BYTES``, ``_VECTOR_CORES`` and ``_NUM_SMS`` are read when the
+    op first plans a launch, which in a benchmark is after minutes of set-up, and
+    ``TRITON_INTERPRET`` when the run is recorded; reading them here refuses a bad value at once.
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        A ``ValueError`` naming the variable whose value does not parse (the command prints it
+        as one line, exit status 2).
     """
-    if backend.name == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
+    settings.soc()
+    settings.ub_bytes()
+    settings.vector_cores()
+    settings.num_sms()
+    settings.triton_interpret()
+
+
+def output_dir(path: str | os.PathLike, option: str) -> Path:
+    """Create the output folder ``path`` (and its parents) and check that files can be written in it.
+
+    Called before any measurement, so a bad ``--out`` fails at once rather than after the run.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The folder.
+    option : str
+        The option that named it (``"--out"``), for the error line.
+
+    Returns
+    -------
+    Path
+
+    Raises
+    ------
+    CliError
+        Exit status 2 when the folder cannot be created or written in.
+    """
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except FileExistsError:
+        raise CliError(f"{option} {folder}: exists and is not a folder") from None
+    except OSError as exc:
+        raise CliError(f"{option} {folder}: cannot write there ({exc.strerror or exc})") from None
+    return folder
 
 
 def results_dir(root: str | os.PathLike | None, what: str) -> Path:
-    """A fresh ``<root>/<what>-<timestamp>`` folder (``root`` defaults to ``results/``)."""
+    """A fresh ``<root>/<what>-<timestamp>`` folder (``root`` defaults to ``results/``), created.
+
+    Raises
+    ------
+    CliError
+        Exit status 2 when it cannot be created or written in (:func:`output_dir`).
+    """
     base = Path(root if root is not None else RESULTS_ROOT)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = base / f"{what}-{stamp}"
@@ -166,11 +178,7 @@ def results_dir(root: str | os.PathLike | None, what: str) -> Path:
     while path.exists():
         suffix += 1
         path = base / f"{what}-{stamp}-{suffix}"
-    try:
-        path.mkdir(parents=True)
-    except OSError as exc:
-        raise CliError(f"cannot create the output folder {path}: {exc.strerror}", code=1) from None
-    return path
+    return output_dir(path, "the output folder")
 
 
 class Progress:

@@ -3,7 +3,9 @@
 Each subcommand lives in its own module with two functions: ``add_parser(subparsers)`` declares
 its arguments, ``run(args) -> int`` does the work and returns the exit status. Bad input and
 missing pieces raise :class:`~vllm_ascend_ext.cli.common.CliError`, printed here as one line
-(``vllm-ascend-ext <cmd>: error: <reason>``) with its exit status; no traceback reaches the user.
+(``vllm-ascend-ext <cmd>: error: <reason>``) with its exit status; an environment variable that
+does not parse (:class:`~vllm_ascend_ext.ops.settings.SettingError`, from wherever it is read) is
+one line naming the variable, exit status 2. No traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from __future__ import annotations
 import os
 import sys
 
+from ..ops.settings import SettingError
 from . import bench, doctor, plan, profile, report
-from .common import CliError, CliParser
+from .common import PROG, CliError, CliParser, error_line
 
 __all__ = ["build_parser", "main"]
 
-PROG = "vllm-ascend-ext"
 SUBCOMMANDS = (doctor, plan, bench, profile, report)
 
 
@@ -59,11 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except CliError as exc:
-        sys.stderr.write(f"{PROG} {args.command}: error: {exc}\n")
+        sys.stderr.write(error_line(args.command, str(exc)))
         return exc.code
+    except SettingError as exc:  # a malformed environment variable, wherever it was read
+        sys.stderr.write(error_line(args.command, str(exc).splitlines()[0]))
+        return 2
     except ImportError as exc:  # a broken or partial install: say what is missing, not where
-        sys.stderr.write(f"{PROG} {args.command}: error: {exc} (is vllm-ascend-ext installed? "
-                         "pip install -e . from the source checkout; `vllm-ascend-ext doctor` lists what is missing)\n")
+        sys.stderr.write(error_line(args.command, f"{exc} (is vllm-ascend-ext installed? pip install -e . from the "
+                                    "source checkout; `vllm-ascend-ext doctor` lists what is missing)"))
         return 1
     except BrokenPipeError:  # output piped into `head` and the like
         devnull = os.open(os.devnull, os.O_WRONLY)
