@@ -145,3 +145,51 @@ def test_invalid_json_and_missing_files(cli, tmp_path):
 ])
 def test_bad_arguments_are_one_line_errors(cli, argv, fragment):
     assert_one_line_error(cli("plan", *argv), 2, fragment)
+
+
+@pytest.mark.parametrize("config, field", [
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 15}, "head_dim"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 514}, "head_dim"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 1024}, "head_dim"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 60}, "hidden_size"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128, "partial_rotary_factor": 0.001},
+     "partial_rotary_factor"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128, "rotary_dim": 130}, "rotary_dim"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "rotary_dim": 33}, "rotary_dim"),
+])
+def test_geometries_the_op_refuses_are_one_line_errors(cli, tmp_path, config, field):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = cli("plan", str(path))
+    assert_one_line_error(result, 2, str(path), field)
+    assert result.out == ""
+
+
+@pytest.mark.parametrize("rotary", ["130", "3", "0"])
+def test_rotary_dim_override_is_checked_by_the_ops_validator(cli, rotary):
+    assert_one_line_error(cli("plan", "Qwen3-8B", "--rotary-dim", rotary), 2, "--rotary-dim")
+
+
+def test_rotary_dim_override_on_a_config_names_the_option(cli, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3))
+    assert_one_line_error(cli("plan", str(path), "--rotary-dim", "256"), 2, str(path), "--rotary-dim 256")
+
+
+def test_soc_names_are_case_insensitive_and_printed_canonically(cli):
+    result = cli("plan", "Qwen3-8B", "--soc", "ascend910b1", "--target", "ascend")
+    assert result.code == 0, result.err
+    assert "Ascend Ascend910B1 (48 vector cores" in result.out
+    assert _plan_json(cli, "Qwen3-8B", "--soc", "ASCEND910_9391")["plans"][0]["ascend"]["soc"] == "Ascend910_9391"
+
+
+@pytest.mark.parametrize("name, value", [("VLLM_ASCEND_EXT_NUM_SMS", "garbage"), ("VLLM_ASCEND_EXT_SOC", "garbage"),
+                                         ("VLLM_ASCEND_EXT_UB_BYTES", "1"), ("VLLM_ASCEND_EXT_VECTOR_CORES", "-3")])
+def test_malformed_environment_is_one_line_naming_the_variable(cli, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    assert_one_line_error(cli("plan", "Qwen3-8B"), 2, f"{name}={value!r}")
+
+
+def test_environment_soc_is_case_insensitive(cli, monkeypatch):
+    monkeypatch.setenv("VLLM_ASCEND_EXT_SOC", "ascend910b4")
+    assert _plan_json(cli, "Qwen3-8B")["plans"][0]["ascend"]["soc"] == "Ascend910B4"

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .common import CliError
@@ -35,7 +36,9 @@ __all__ = [
     "QK_NORM_MODEL_TYPES",
     "ResolvedModel",
     "parse_int_list",
+    "override",
     "resolve_model",
+    "shard_checked",
     "spec_from_config",
 ]
 
@@ -65,11 +68,21 @@ class ResolvedModel:
         ``"preset"`` or the path of the ``config.json`` read.
     notes : tuple of str
         What was guessed or worth knowing (mixed layer types, defaults taken).
+    origins : dict
+        Where a geometry value came from when it was not a key of the same name, by the op's
+        argument name: ``{"rotary_dim": "partial_rotary_factor 0.5"}``, ``{"rotary_dim":
+        "--rotary-dim 130"}``. Error lines name it.
     """
 
     spec: object
     source: str
     notes: tuple[str, ...] = ()
+    origins: dict = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        """The model as error lines name it: the config file, or ``preset <name>``."""
+        return f"preset {self.spec.name}" if self.source == "preset" else self.source
 
 
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:
@@ -116,15 +129,20 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
     spec : ModelSpec
     notes : tuple of str
         Guesses and caveats to show the user.
+    origins : dict
+        The config keys a geometry value was computed from, by the op's argument name, where
+        they are not a key of the same name (:attr:`ResolvedModel.origins`).
 
     Raises
     ------
     CliError
-        When a key the geometry needs is missing or malformed.
+        When a key the geometry needs is missing or malformed. Whether the geometry is one the
+        op serves is :func:`shard_checked`'s question (``ops.validation.geometry``).
     """
     from ..ops.models import ModelSpec
 
     notes = []
+    origins = {"num_q_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
     if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
         config = config["text_config"]
         notes.append("read the language model's text_config")
@@ -135,10 +153,15 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
     kv_heads = _positive_int(config, "num_key_value_heads", where)
     if kv_heads is None:
         kv_heads = _positive_int(config, "multi_query_group_num", where)
+        origins["num_kv_heads"] = "multi_query_group_num"
     if kv_heads is None:
+        origins["num_kv_heads"] = "num_attention_heads (no num_key_value_heads)"
         kv_heads = heads
         notes.append("no num_key_value_heads: kv heads = q heads (MHA)")
-    head_dim = _positive_int(config, "head_dim", where) or _positive_int(config, "kv_channels", where)
+    head_dim = _positive_int(config, "head_dim", where)
+    if head_dim is None:
+        head_dim = _positive_int(config, "kv_channels", where)
+        origins["head_dim"] = f"kv_channels {head_dim}"
     if head_dim is None:
         hidden = _positive_int(config, "hidden_size", where)
         if hidden is None:
@@ -146,17 +169,18 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
         if hidden % heads:
             raise CliError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
+        origins["head_dim"] = f"hidden_size {hidden} / num_attention_heads {heads}"
     rotary = _positive_int(config, "rotary_dim", where)
     if rotary is None:
         factor = _rotary_factor(config)
         if factor is not None:
-            if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
                 raise CliError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor!r}")
             rotary = int(head_dim * factor)
+            origins["rotary_dim"] = f"partial_rotary_factor {factor!r} x head_dim {head_dim}"
         else:
             rotary = head_dim
-    if rotary > head_dim or rotary % 2:
-        raise CliError(f"{where}: rotary dims {rotary} must be even and at most head_dim {head_dim}")
+            origins["rotary_dim"] = f"head_dim {head_dim} (no rotary_dim or partial_rotary_factor)"
     interleaved = config.get("rope_interleaved", config.get("rotary_interleaved"))
     is_neox = not interleaved if isinstance(interleaved, bool) else model_type not in GPTJ_MODEL_TYPES
     qk_norm = None
@@ -186,7 +210,7 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
                      rotary_dim=rotary, is_neox=is_neox, qk_norm=qk_norm,
                      weight_offset=1.0 if model_type in OFFSET_NORM_MODEL_TYPES else 0.0, eps=eps,
                      note=f"from {where}" + (f" (model_type {model_type})" if model_type else ""))
-    return spec, tuple(notes)
+    return spec, tuple(notes), origins
 
 
 def resolve_model(text: str) -> ResolvedModel:
@@ -212,8 +236,8 @@ def resolve_model(text: str) -> ResolvedModel:
         if not isinstance(config, dict):
             raise CliError(f"{path} is not a JSON object")
         name = path.parent.name or path.stem
-        spec, notes = spec_from_config(config, name, str(path))
-        return ResolvedModel(spec, str(path), notes)
+        spec, notes, origins = spec_from_config(config, name, str(path))
+        return ResolvedModel(spec, str(path), notes, origins)
     for spec in MODELS:
         if spec.name.lower() == text.lower():
             return ResolvedModel(spec, "preset")
@@ -223,11 +247,59 @@ def resolve_model(text: str) -> ResolvedModel:
                    f"{', '.join(m.name for m in MODELS)}")
 
 
-def override(spec, *, is_neox=None, qk_norm=None, rotary_dim=None):
-    """``spec`` with the command line's overrides applied (``None`` keeps a field)."""
+def override(resolved: ResolvedModel, *, is_neox=None, qk_norm=None, rotary_dim=None) -> ResolvedModel:
+    """``resolved`` with the command line's overrides applied (``None`` keeps a field).
+
+    The values are not checked here: :func:`shard_checked` checks the geometry and names
+    ``--rotary-dim`` when that is what is wrong.
+    """
     changes = {key: value for key, value in
                (("is_neox", is_neox), ("qk_norm", qk_norm), ("rotary_dim", rotary_dim)) if value is not None}
-    if "rotary_dim" in changes and (changes["rotary_dim"] % 2 or changes["rotary_dim"] > spec.head_dim):
-        raise CliError(f"--rotary-dim must be even and at most head_dim {spec.head_dim}, "
-                       f"got {changes['rotary_dim']}")
-    return replace(spec, **changes) if changes else spec
+    if not changes:
+        return resolved
+    origins = dict(resolved.origins)
+    if rotary_dim is not None:
+        origins["rotary_dim"] = f"--rotary-dim {rotary_dim}"
+    return replace(resolved, spec=replace(resolved.spec, **changes), origins=origins)
+
+
+def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_bytes: int = 4):
+    """One rank's geometry at ``tp``, checked by ``ops.validation.geometry`` as the op checks it.
+
+    Parameters
+    ----------
+    resolved : ResolvedModel
+        The model (a preset or a config, with any overrides).
+    tp : int
+        Tensor-parallel size.
+    elem_bytes, cache_bytes : int
+        Element sizes of qkv and of the cos/sin cache.
+
+    Returns
+    -------
+    geometry : AttentionGeometry
+    shape : KernelShape
+
+    Raises
+    ------
+    CliError
+        Exit status 2 when ``tp`` does not shard the model, or the op refuses the geometry (a
+        head size of 15 or 1024, a rotary dim of 0...): one line naming the config file (or
+        preset) and the field or option the bad value came from.
+    """
+    from ..ops import validation
+
+    try:
+        geometry = resolved.spec.shard(tp)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        shape = validation.geometry(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
+                                    geometry.rotary_dim, is_neox=geometry.is_neox, elem_bytes=elem_bytes,
+                                    cache_bytes=cache_bytes)
+    except ValueError as exc:
+        message = str(exc)
+        argument = re.match(r"\w+", message)
+        origin = resolved.origins.get(argument.group(0)) if argument else None
+        raise CliError(f"{resolved.where}: {message}" + (f" (from {origin})" if origin else "")) from None
+    return geometry, shape

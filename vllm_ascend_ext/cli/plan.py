@@ -18,27 +18,44 @@ from __future__ import annotations
 import json
 
 from .common import CliError
-from .geometry import DTYPE_BYTES, override, parse_int_list, resolve_model
+from .geometry import DTYPE_BYTES, override, parse_int_list, resolve_model, shard_checked
 
-__all__ = ["add_parser", "plans_for", "run"]
+__all__ = ["add_parser", "canonical_soc", "plans_for", "run"]
 
 TARGETS = ("ascend", "cuda", "both")
 DEFAULT_TOKENS = "1,64,4096,16384"
 
 
-def _facts(args):
+def canonical_soc(name: str) -> str:
+    """The SoC ``name`` spelled as CANN spells it (any case accepted).
+
+    Raises
+    ------
+    CliError
+        When ``name`` is not an SoC of ``ops/device.py``'s table.
+    """
     from ..ops import device
 
-    if args.soc is not None and args.soc not in device.ASCEND_SOC_DEFAULTS:
-        raise CliError(f"--soc {args.soc!r} is not known; known: {', '.join(sorted(device.ASCEND_SOC_DEFAULTS))} "
-                       "(or give --vector-cores and --ub-bytes)")
-    try:
-        base = device.ascend_facts(None) if args.soc is None else None
-    except RuntimeError as exc:
-        raise CliError(str(exc)) from None
-    soc = args.soc or base.soc
-    cores, ub = device.ASCEND_SOC_DEFAULTS.get(soc, (None, None)) if args.soc else (base.num_vector_cores, base.ub_bytes)
-    source = "--soc" if args.soc else base.source
+    for soc in device.ASCEND_SOC_DEFAULTS:
+        if soc.lower() == name.strip().lower():
+            return soc
+    raise CliError(f"--soc {name!r} is not known; known: {', '.join(sorted(device.ASCEND_SOC_DEFAULTS))} "
+                   "(any case; or give --vector-cores and --ub-bytes)")
+
+
+def _facts(args):
+    """The Ascend and CUDA facts to plan for: the options', else ``ops/device.py``'s.
+
+    A malformed ``VLLM_ASCEND_EXT_*`` variable raises ``SettingError``, printed as one line.
+    """
+    from ..ops import device
+
+    if args.soc is None:
+        base = device.ascend_facts(None)
+        soc, cores, ub, source = base.soc, base.num_vector_cores, base.ub_bytes, base.source
+    else:
+        soc = canonical_soc(args.soc)
+        (cores, ub), source = device.ASCEND_SOC_DEFAULTS[soc], "--soc"
     if args.vector_cores is not None or args.ub_bytes is not None:
         source = "command line"
     ascend = device.AscendFacts(soc=soc, num_vector_cores=args.vector_cores or cores,
@@ -50,13 +67,13 @@ def _facts(args):
     return ascend, cuda
 
 
-def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_facts, tokens) -> dict:
+def plans_for(resolved, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_facts, tokens) -> dict:
     """Everything ``plan`` prints for one TP size, as a JSON-ready dictionary.
 
     Parameters
     ----------
-    spec : ModelSpec
-        Whole-model geometry.
+    resolved : ResolvedModel
+        Whole-model geometry and where it was read from.
     tp : int
         Tensor-parallel size.
     dtype, cache_dtype : str
@@ -69,15 +86,12 @@ def plans_for(spec, tp: int, dtype: str, cache_dtype: str, ascend_facts, cuda_fa
     Raises
     ------
     CliError
-        When ``tp`` does not shard the model, or no tile fits the UB.
+        When ``tp`` does not shard the model, the op refuses the geometry (the line names the
+        config file and the field), or no tile fits the UB.
     """
-    from ..ops.tiling import KernelShape, ascend, cuda
+    from ..ops.tiling import ascend, cuda
 
-    try:
-        geometry = spec.shard(tp)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    shape = KernelShape.of(geometry, DTYPE_BYTES[dtype], DTYPE_BYTES[cache_dtype])
+    geometry, shape = shard_checked(resolved, tp, DTYPE_BYTES[dtype], DTYPE_BYTES[cache_dtype])
     try:
         a_plan = ascend.plan(shape, ascend_facts)
     except ValueError as exc:
@@ -212,10 +226,11 @@ def run(args) -> int:
     """Print the plans of ``args.model`` at every ``--tp``."""
     tps = parse_int_list(args.tp, "--tp")
     tokens = parse_int_list(args.tokens, "--tokens")
-    resolved = resolve_model(args.model)
-    spec = override(resolved.spec, is_neox=args.is_neox, qk_norm=args.qk_norm, rotary_dim=args.rotary_dim)
+    resolved = override(resolve_model(args.model), is_neox=args.is_neox, qk_norm=args.qk_norm,
+                        rotary_dim=args.rotary_dim)
+    spec = resolved.spec
     ascend_facts, cuda_facts = _facts(args)
-    entries = [plans_for(spec, tp, args.dtype, args.cache_dtype, ascend_facts, cuda_facts, tokens) for tp in tps]
+    entries = [plans_for(resolved, tp, args.dtype, args.cache_dtype, ascend_facts, cuda_facts, tokens) for tp in tps]
     if args.json:
         print(json.dumps({"model": spec.name, "source": resolved.source, "notes": list(resolved.notes),
                           "dtype": args.dtype, "cache_dtype": args.cache_dtype, "plans": entries}, indent=2))
