@@ -70,7 +70,8 @@ def test_kernel_details_grouped_by_pattern(cli, fixtures):
     assert set(groups) == {"fused", "unfused", "other"}
     assert kernels[("fused", "_split_qkv_rmsnorm_rope_kernel")]["nbytes"] == bytes_moved(
         model("Qwen3-8B").shard(1), 64, 2, 4)
-    assert kernels[("other", "aclnnMatmul_MatMulCommon_MatMulV2")]["nbytes"] == 2 * (64 * 4096 + 6144 * 4096 + 64 * 6144)
+    matmul = kernels[("other", "aclnnMatmul_MatMulCommon_MatMulV2")]
+    assert matmul["nbytes"] == 2 * (64 * 4096 + 6144 * 4096 + 64 * 6144)
     assert groups["unfused"]["kernels"] == 2
     assert data["iterations"] is None
 
@@ -145,3 +146,109 @@ def test_missing_path_and_empty_folder(cli, tmp_path):
 ])
 def test_tensor_bytes(shapes, dtypes, expected):
     assert tensor_bytes(shapes, dtypes) == expected
+
+
+def _trace(path, dur):
+    """A one-kernel Chrome trace whose kernel event has ``dur`` written as the JSON text given."""
+    path.write_text('{"traceEvents": [{"cat": "kernel", "ph": "X", "name": "k", "ts": 0, "dur": %s}]}' % dur)
+    return path
+
+
+@pytest.mark.parametrize("dur", ["NaN", "Infinity", "-Infinity", "-2.5", '"nan"', "true"])
+def test_trace_durations_that_are_not_durations_are_refused(cli, tmp_path, dur):
+    path = _trace(tmp_path / "trace.json", dur)
+    assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "'dur'")
+
+
+def test_trace_duration_of_zero_is_a_duration(cli, tmp_path):
+    data, kernels, _ = _report(cli, _trace(tmp_path / "trace.json", "0"))
+    assert kernels[("other", "k")]["total_us"] == 0.0
+
+
+@pytest.mark.parametrize("field, value", [("tokens", "abc"), ("dtype", "int8"), ("iterations", "x"), ("tp", "two"),
+                                          ("tp", 0), ("tokens", -4), ("cache_dtype", 4), ("model", 7)])
+def test_malformed_workload_fields_name_the_file_and_field(cli, fixtures, tmp_path, field, value):
+    shutil.copytree(fixtures / "torch", tmp_path / "run")
+    sidecar = tmp_path / "run" / "ours" / "workload.json"
+    meta = json.loads(sidecar.read_text())
+    meta[field] = value
+    sidecar.write_text(json.dumps(meta))
+    assert_one_line_error(cli("report", tmp_path / "run", "--no-png"), 2, str(sidecar), repr(field))
+
+
+@pytest.mark.parametrize("name", ["out.xyz", "noext", "report.png.txt"])
+def test_png_must_be_a_png_file(cli, fixtures, tmp_path, name):
+    pytest.importorskip("matplotlib")
+    result = cli("report", fixtures / "msprof", "--png", tmp_path / name)
+    assert_one_line_error(result, 2, "--png", ".png")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_png_in_an_unwritable_place_is_refused_before_reading(cli, fixtures, tmp_path):
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert_one_line_error(cli("report", tmp_path / "missing-profile", "--png", blocker / "r.png"), 2, "--png")
+
+
+def test_png_upper_case_suffix_is_written_where_printed(cli, fixtures, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "R.PNG"
+    result = cli("report", fixtures / "msprof", "--png", png)
+    assert result.code == 0, result.err
+    assert f"plot: {png}\n" in result.out and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_csv_field_over_the_csv_modules_limit_is_one_line(cli, tmp_path):
+    import csv
+
+    path = tmp_path / "op_summary_huge.csv"
+    path.write_text('Op Name,Task Duration(us)\n"' + "x" * (csv.field_size_limit() + 1) + '",1.0\n')
+    assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "line")
+
+
+def test_tp_zero_is_refused(cli, fixtures):
+    result = cli("report", fixtures / "torch_npu" / "kernel_details.csv", "--no-png", "--model", "Qwen3-8B",
+                 "--tokens", "64", "--tp", "0")
+    assert_one_line_error(result, 2, "--tp")
+
+
+def test_tp_without_model_is_refused(cli, fixtures):
+    assert_one_line_error(cli("report", fixtures / "torch_npu" / "kernel_details.csv", "--no-png", "--tp", "2"),
+                          2, "--tp")
+
+
+def test_tp_is_applied_to_the_geometry(cli, fixtures):
+    data, _, _ = _report(cli, fixtures / "torch_npu" / "kernel_details.csv", "--model", "Qwen3-8B",
+                         "--tokens", "64", "--tp", "2")
+    assert data["floor_bytes"] == bytes_moved(model("Qwen3-8B").shard(2), 64, 2, 4)
+
+
+def test_negative_tensor_sizes_are_refused(cli, tmp_path):
+    path = tmp_path / "op_summary_neg.csv"
+    path.write_text("Op Name,Task Duration(us),Input Shapes,Input Data Types,Output Shapes,Output Data Types\n"
+                    'k,2.0,"-4096,128",DT_BF16,"4096,128",DT_BF16\n')
+    assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "line 2", "negative")
+    with pytest.raises(ValueError, match="shapes"):
+        tensor_bytes("4,-1", "FLOAT")
+
+
+def test_model_whose_geometry_the_op_refuses_is_one_line(cli, fixtures, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 15}))
+    result = cli("report", fixtures / "torch_npu" / "kernel_details.csv", "--no-png", "--model", config,
+                 "--tokens", "8")
+    assert_one_line_error(result, 2, str(config), "head_dim")
+
+
+def test_arguments_give_run_the_subcommands_defaults(fixtures, tmp_path, capsys):
+    """What ``profile`` calls in-process: ``report``'s own options, here with a PNG."""
+    pytest.importorskip("matplotlib")
+    from vllm_ascend_ext.cli import report
+
+    png = tmp_path / "report.png"
+    args = report.arguments(fixtures / "msprof", png=png)
+    assert (args.fused, args.unfused, args.tp, args.no_png) == (report.FUSED_PATTERN, report.UNFUSED_PATTERN,
+                                                               None, False)
+    assert report.run(args) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG" and f"plot: {png}" in capsys.readouterr().out

@@ -27,7 +27,9 @@ Each kernel falls in a group: the provider named by the run's ``workload.json`` 
 ``--unfused`` patterns. Groups are shown side by side: time per prologue, kernels launched,
 and the floor bandwidth (the bytes the fused op must move over that time).
 
-A missing column, an empty file, or an unparsable number is a one-line error (exit 2).
+A missing column, an empty file, an unparsable or negative number (a duration, a dimension), a
+CSV field too long for Python's ``csv`` module, or a malformed ``workload.json`` field is a
+one-line error naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .common import CliError
-from .geometry import DTYPE_BYTES, resolve_model
+from .common import CliError, CliParser, output_dir
+from .geometry import DTYPE_BYTES, resolve_model, shard_checked
 
-__all__ = ["KernelStats", "Record", "add_parser", "load", "run", "summarize"]
+__all__ = ["KernelStats", "Record", "add_parser", "arguments", "load", "read_sidecar", "run", "summarize"]
 
 #: Kernels of the fused op: ours (Triton) and vllm-ascend's (``qkv_rmsnorm_rope``).
 FUSED_PATTERN = r"split_qkv_rmsnorm_rope|qkv_rmsnorm_rope"
@@ -159,8 +161,17 @@ def _dtype_bytes(name: str) -> int | None:
 def tensor_bytes(shapes: str, dtypes: str) -> int | None:
     """Bytes of the tensors a profile lists as ``"4096,6144;128"`` with ``"DT_BF16;FLOAT"``.
 
-    Tensors are separated by ``;``, dimensions by ``,``; an empty shape is a scalar. ``None``
-    when the two lists do not line up or a dtype or dimension is not understood.
+    Tensors are separated by ``;``, dimensions by ``,``; an empty shape is a scalar.
+
+    Returns
+    -------
+    int or None
+        ``None`` when the two lists do not line up or a dtype or dimension is not understood.
+
+    Raises
+    ------
+    ValueError
+        Naming ``shapes`` when a dimension is negative (a size cannot be).
     """
     shapes, dtypes = (shapes or "").strip().strip('"'), (dtypes or "").strip().strip('"')
     if not shapes or not dtypes or shapes.upper() == "N/A" or dtypes.upper() == "N/A":
@@ -175,25 +186,69 @@ def tensor_bytes(shapes: str, dtypes: str) -> int | None:
             if not dtype.strip() and not shape.strip():
                 continue
             return None
-        dims = [d for d in shape.split(",") if d.strip()]
         try:
-            count = math.prod(int(d) for d in dims)
+            dims = [int(d) for d in shape.split(",") if d.strip()]
         except ValueError:
             return None
-        total += count * size
+        if any(d < 0 for d in dims):
+            raise ValueError(f"shapes lists a negative dimension: {shape.strip()!r}")
+        total += math.prod(dims) * size
     return total
 
 
+#: ``workload.json``'s fields and what each must be: a checker, and the words for the error line.
+_SIDECAR_FIELDS = {
+    "provider": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "model": (lambda v: isinstance(v, str) and bool(v), "a non-empty string (a preset or config.json)"),
+    "tp": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "iterations": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
+    "cache_dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
+    "device": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def read_sidecar(path: Path) -> dict:
+    """The fields of one ``workload.json``, checked.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+
+    Returns
+    -------
+    dict
+        Its fields; each known field present is of the right kind (:data:`_SIDECAR_FIELDS`),
+        unknown fields are kept as they are.
+
+    Raises
+    ------
+    CliError
+        One line naming the file and the field, when it is not a JSON object or a field is
+        malformed (``"tokens": "abc"``, ``"dtype": "int8"``...).
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: not a JSON object")
+    for key, (valid, expected) in _SIDECAR_FIELDS.items():
+        if key in data and data[key] is not None and not valid(data[key]):
+            raise CliError(f"{path}: field {key!r} must be {expected}, got {data[key]!r}")
+    return data
+
+
 def _read_sidecar(path: Path, stop: Path) -> dict | None:
-    """The ``workload.json`` of the run ``path`` belongs to (searched up to ``stop``)."""
+    """The ``workload.json`` of the run ``path`` belongs to (searched up to ``stop``), checked."""
     for folder in [path.parent, *path.parent.parents]:
         candidate = folder / SIDECAR
         if candidate.is_file():
-            try:
-                data = json.loads(candidate.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise CliError(f"{candidate}: not valid JSON ({exc})") from None
-            return data if isinstance(data, dict) else None
+            return read_sidecar(candidate)
         if folder == stop or folder == folder.parent:
             break
     return None
@@ -232,7 +287,11 @@ def read_csv(path: Path, ctx: Context, stop: Path) -> list[Record]:
     """Kernel launches from one msprof or torch_npu CSV (see the module docstring)."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
-            rows = list(csv.reader(handle))
+            reader = csv.reader(handle)
+            try:
+                rows = list(reader)
+            except csv.Error as exc:
+                raise CliError(f"{path}, line {reader.line_num}: not a CSV this reads ({exc})") from None
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -264,8 +323,11 @@ def read_csv(path: Path, ctx: Context, stop: Path) -> list[Record]:
             raise CliError(f"{path}, line {number}: {layout.duration_column} {raw!r} is not a duration")
         nbytes = None
         if "Input Shapes" in index:
-            inputs = tensor_bytes(cell("Input Shapes"), cell("Input Data Types"))
-            outputs = tensor_bytes(cell("Output Shapes"), cell("Output Data Types"))
+            try:
+                inputs = tensor_bytes(cell("Input Shapes"), cell("Input Data Types"))
+                outputs = tensor_bytes(cell("Output Shapes"), cell("Output Data Types"))
+            except ValueError as exc:
+                raise CliError(f"{path}, line {number}: {exc}") from None
             if inputs is not None and outputs is not None:
                 nbytes = inputs + outputs
         records.append(Record(name or "(unnamed)", duration, nbytes, _group(name, ctx, sidecar), str(path)))
@@ -296,11 +358,17 @@ def read_trace(path: Path, ctx: Context, stop: Path) -> list[Record]:
     for event in events:
         if not isinstance(event, dict) or str(event.get("cat", "")).lower() != "kernel" or event.get("ph") != "X":
             continue
+        raw = event.get("dur")
         try:
-            duration = float(event["dur"])
-        except (KeyError, TypeError, ValueError):
-            raise CliError(f"{path}: a kernel event without a numeric 'dur'") from None
+            if isinstance(raw, bool):
+                raise TypeError
+            duration = float(raw)
+        except (TypeError, ValueError):
+            raise CliError(f"{path}: a kernel event without a numeric 'dur' (got {raw!r})") from None
         name = str(event.get("name", "(unnamed)"))
+        if not math.isfinite(duration) or duration < 0:
+            raise CliError(f"{path}: kernel event {name!r} has 'dur' {raw!r}, not a duration "
+                           "(a finite number >= 0)")
         records.append(Record(name, duration, None, _group(name, ctx, sidecar), str(path)))
     if not records:
         raise CliError(f"{path}: no GPU kernel events (cat 'kernel') in the trace")
@@ -401,7 +469,8 @@ def format_report(stats: list[KernelStats], groups: list[dict], ctx: Context) ->
                      f"{bytes_text:>11} {_fmt(gbps, '.1f'):>8} {_fmt(pct, '.1f'):>7}")
     lines.append("")
     per = "per prologue" + ("" if ctx.iterations else " (sum of kernel means)")
-    lines.append(f"{'group':<8} {'kernels':>7} {'launches':>9} {'us ' + per:>{len(per) + 3}} {'floor GB/s':>11} {'x fastest':>10}")
+    lines.append(f"{'group':<8} {'kernels':>7} {'launches':>9} {'us ' + per:>{len(per) + 3}} {'floor GB/s':>11} "
+                 f"{'x fastest':>10}")
     for g in groups:
         lines.append(f"{g['group']:<8} {g['kernels']:>7} {g['launches_per_prologue']:>9.1f} "
                      f"{g['us_per_prologue']:>{len(per) + 3}.2f} {_fmt(g['floor_gbps'], '.1f'):>11} "
@@ -495,16 +564,15 @@ def _context(args, first_sidecar: dict | None) -> Context:
     if model:
         if not tokens:
             raise CliError("--model needs --tokens (the token count of the profiled run)")
-        spec = resolve_model(str(model)).spec
-        try:
-            ctx.geometry = spec.shard(int(args.tp or side.get("tp") or 1))
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        ctx.tokens = int(tokens)
-        ctx.elem_bytes = DTYPE_BYTES[args.dtype or side.get("dtype", "bf16")]
-        ctx.cache_bytes = DTYPE_BYTES[args.cache_dtype or side.get("cache_dtype", "fp32")]
+        ctx.tokens = tokens
+        ctx.elem_bytes = DTYPE_BYTES[args.dtype or side.get("dtype") or "bf16"]
+        ctx.cache_bytes = DTYPE_BYTES[args.cache_dtype or side.get("cache_dtype") or "fp32"]
+        tp = args.tp or side.get("tp") or 1
+        ctx.geometry, _ = shard_checked(resolve_model(str(model)), tp, ctx.elem_bytes, ctx.cache_bytes)
     elif tokens:
         raise CliError("--tokens needs --model (the geometry the tokens are of)")
+    elif args.tp:
+        raise CliError("--tp needs --model and --tokens (the geometry of the run)")
     ctx.iterations = args.iterations or side.get("iterations")
     if args.peak_gbps:
         ctx.peak_gbps, ctx.peak_from = args.peak_gbps, "--peak-gbps"
@@ -523,16 +591,25 @@ def _public(stats: KernelStats) -> dict:
 
 def add_parser(subparsers) -> None:
     """Declare ``report`` and its options."""
-    parser = subparsers.add_parser(
-        "report", help="per-kernel calls, time and bandwidth from msprof / torch_npu / torch.profiler output",
-        description="Read msprof's op_summary_*.csv (or msprof op's OpBasicInfo.csv), torch_npu's "
-                    "kernel_details.csv, or our torch.profiler Chrome trace, and print per kernel: "
-                    "calls, total and mean time, bytes moved, achieved bandwidth against the device "
-                    "peak; then fused vs unfused side by side; plus a PNG.")
+    parser = subparsers.add_parser("report", **_PARSER)
+    _declare(parser)
+    parser.set_defaults(run=run)
+
+
+_PARSER = dict(
+    help="per-kernel calls, time and bandwidth from msprof / torch_npu / torch.profiler output",
+    description="Read msprof's op_summary_*.csv (or msprof op's OpBasicInfo.csv), torch_npu's "
+                "kernel_details.csv, or our torch.profiler Chrome trace, and print per kernel: "
+                "calls, total and mean time, bytes moved, achieved bandwidth against the device "
+                "peak; then fused vs unfused side by side; plus a PNG.")
+
+
+def _declare(parser) -> None:
+    """``report``'s arguments (one declaration for the subcommand and for :func:`arguments`)."""
     parser.add_argument("path", help="a profile file, or a folder searched for them (e.g. a `profile` run)")
     parser.add_argument("--model", help="geometry of the run (preset or config.json), for the fused "
                                         "kernel's bytes when the profile lists no shapes")
-    parser.add_argument("--tp", type=int, help="tensor-parallel size of the run (default 1)")
+    parser.add_argument("--tp", type=_positive, help="tensor-parallel size of the run (default 1)")
     parser.add_argument("--tokens", type=_positive, help="tokens per call in the run")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="qkv dtype of the run (default bf16)")
     parser.add_argument("--cache-dtype", choices=sorted(DTYPE_BYTES), help="cos/sin cache dtype (default fp32)")
@@ -540,10 +617,30 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--peak-gbps", type=_positive_float, help="device peak memory bandwidth, GB/s")
     parser.add_argument("--fused", default=FUSED_PATTERN, help="regex of fused kernel names")
     parser.add_argument("--unfused", default=UNFUSED_PATTERN, help="regex of unfused prologue kernel names")
-    parser.add_argument("--png", help="where to write the plot (default results/report-<time>.png)")
+    parser.add_argument("--png", help="where to write the plot, a .png file (default results/report-<time>.png)")
     parser.add_argument("--no-png", action="store_true", help="write no plot")
     parser.add_argument("--json", action="store_true", help="print the tables as JSON")
-    parser.set_defaults(run=run)
+
+
+def arguments(path, png=None):
+    """``report``'s options for ``path`` as the command line would give them, for callers in-process.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The profile file or folder.
+    png : str or path-like, optional
+        ``--png``.
+
+    Returns
+    -------
+    argparse.Namespace
+        What :func:`run` takes (every other option at its default).
+    """
+    parser = CliParser(prog="vllm-ascend-ext report", **{k: v for k, v in _PARSER.items() if k != "help"})
+    _declare(parser)
+    argv = [str(path)] + (["--png", str(png)] if png is not None else [])
+    return parser.parse_args(argv)
 
 
 def _positive(text: str) -> int:
@@ -570,8 +667,38 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _png_path(args) -> Path | None:
+    """Where the plot goes (checked and its folder created), or ``None`` for no plot.
+
+    Raises
+    ------
+    CliError
+        Exit status 2 when ``--png`` does not name a ``.png`` file or its folder cannot be
+        written; 1 when ``--png`` is given and matplotlib is not installed.
+    """
+    if args.no_png:
+        return None
+    if args.png is not None and Path(args.png).suffix.lower() != ".png":
+        raise CliError(f"--png must name a .png file, got {args.png!r}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if args.png is not None:
+            raise CliError("--png needs matplotlib: pip install matplotlib", code=1) from None
+        return None
+    png = Path(args.png) if args.png is not None else Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.png"
+    if png.is_dir():
+        raise CliError(f"--png {png}: is a folder, not a .png file")
+    output_dir(png.parent, "--png")
+    return png
+
+
 def run(args) -> int:
-    """Read the profile(s) at ``args.path``, print the tables, write the PNG."""
+    """Read the profile(s) at ``args.path``, print the tables, write the PNG.
+
+    ``--png`` is checked before anything is read.
+    """
+    png = _png_path(args)
     root = Path(args.path)
     files = find_profiles(root)
     stop = root if root.is_dir() else root.parent
@@ -585,19 +712,13 @@ def run(args) -> int:
                           "iterations": ctx.iterations, "files": [str(f) for f in files]}, indent=2))
     else:
         print(format_report(stats, groups, ctx))
-    if not args.no_png:
-        png = Path(args.png) if args.png else Path("results") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.png"
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            if args.png:
-                raise CliError("--png needs matplotlib: pip install matplotlib", code=1) from None
+    if png is None:
+        if not args.no_png:
             sys.stderr.write("report: no PNG (matplotlib is not installed: pip install matplotlib)\n")
-            return 0
-        try:
-            png.parent.mkdir(parents=True, exist_ok=True)
-            write_png(stats, groups, ctx, png)
-        except OSError as exc:
-            raise CliError(f"cannot write {png}: {exc.strerror or exc}", code=1) from None
-        (sys.stderr if args.json else sys.stdout).write(f"plot: {png}\n")
+        return 0
+    try:
+        write_png(stats, groups, ctx, png)
+    except OSError as exc:
+        raise CliError(f"cannot write {png}: {exc.strerror or exc}", code=1) from None
+    (sys.stderr if args.json else sys.stdout).write(f"plot: {png}\n")
     return 0
