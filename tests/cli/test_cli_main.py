@@ -1,8 +1,10 @@
 """The command itself: --help for every subcommand, one-line usage errors, ``python -m``."""
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,93 @@ def test_python_dash_m_runs_the_same_command():
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "NoSuchModel" in bad.stderr
+
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_ascend_ext"
+#: The modules this test holds to the layering rules: the command line, the benchmark library
+#: and the backend probe they share.
+LAYERED = ("vllm_ascend_ext.bench", "vllm_ascend_ext.backends")
+
+
+def _module_graph() -> dict:
+    """Every import (module level or inside a function) between the package's own modules."""
+    files = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("vllm_ascend_ext",) + path.relative_to(PACKAGE).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: set() for name in files}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+                targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in files else module
+                           for alias in node.names]
+            graph[name].update(t for t in targets if t in files and t != name)
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_through_the_command_line_or_the_benchmark():
+    graph = _module_graph()
+    assert "vllm_ascend_ext.cli.report" in graph["vllm_ascend_ext.cli.profile"]  # the graph sees imports
+    mine = [c for c in _cycles(graph) if any(m.startswith("vllm_ascend_ext.cli") or m in LAYERED for m in c)]
+    assert mine == []
+
+
+def test_the_library_layers_never_import_the_command_line():
+    graph = _module_graph()
+    for name in LAYERED:
+        assert not [t for t in graph[name] if t.startswith("vllm_ascend_ext.cli")], name
+    code = ("import sys, vllm_ascend_ext.bench as b; b.detect_device(); "
+            "print(sorted(m for m in sys.modules if m.startswith('vllm_ascend_ext.cli')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_malformed_variable_from_inside_a_subcommand_is_one_line(cli, monkeypatch):
+    """``SettingError`` is turned into one line wherever it is raised, not only where the CLI reads."""
+    from vllm_ascend_ext.cli import doctor
+    from vllm_ascend_ext.ops import settings
+
+    def deep(forced_backend=None):
+        settings.impl()
+
+    monkeypatch.setattr(doctor, "collect", deep)
+    monkeypatch.setenv("VLLM_ASCEND_EXT_IMPL", "fastest")
+    assert_one_line_error(cli("doctor"), 2, "VLLM_ASCEND_EXT_IMPL='fastest'")

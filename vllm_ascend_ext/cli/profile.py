@@ -22,28 +22,35 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import BACKENDS, CliError, detect_backend, ensure_interpreter, results_dir
-from .geometry import parse_int_list
+from ..backends import detect_backend, ensure_interpreter
+from ..ops import settings
+from . import report
+from .common import BACKENDS, CliError, check_settings, output_dir, results_dir, usable_backend
+from .geometry import parse_int_list, resolve_model, shard_checked
 
 __all__ = ["add_parser", "msprof_script", "run"]
 
-SCRIPT_ENV = "VLLM_ASCEND_EXT_MSPROF_SCRIPT"
 PROVIDERS = ("eager", "compile", "ours")
 
 
 def msprof_script() -> Path:
-    """``scripts/profile_msprof.sh`` of the source checkout (or ``$VLLM_ASCEND_EXT_MSPROF_SCRIPT``).
+    """``scripts/profile_msprof.sh`` of the source checkout, or ``VLLM_ASCEND_EXT_MSPROF_SCRIPT``.
+
+    Returns
+    -------
+    Path
+        The script (read through :func:`vllm_ascend_ext.ops.settings.msprof_script`).
 
     Raises
     ------
     CliError
-        When neither exists (an install without the source tree).
+        Exit status 1 when it does not exist (an install without the source tree).
     """
-    override = os.environ.get(SCRIPT_ENV)
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "scripts" / "profile_msprof.sh"
+    override = settings.msprof_script()
+    path = override or Path(__file__).resolve().parents[2] / "scripts" / "profile_msprof.sh"
     if not path.is_file():
-        raise CliError(f"{path} not found: run from a source checkout of vllm-ascend-ext or set {SCRIPT_ENV}",
-                       code=1)
+        raise CliError(f"{path} not found: run from a source checkout of vllm-ascend-ext or set "
+                       f"{settings.MSPROF_SCRIPT}", code=1)
     return path
 
 
@@ -52,8 +59,7 @@ def _workload_args(args) -> list[str]:
             "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
 
 
-def _profile_npu(args, providers, out: Path | None) -> Path | None:
-    script = msprof_script()
+def _profile_npu(args, providers, out: Path | None, script: Path) -> Path | None:
     env = dict(os.environ, PYTHON=sys.executable, PROVIDERS=" ".join(providers))
     target = str(out) if out is not None else "<out>"
     command = ["bash", str(script), target, *_workload_args(args)]
@@ -65,9 +71,6 @@ def _profile_npu(args, providers, out: Path | None) -> Path | None:
             raise CliError(f"{script.name} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}",
                            code=1)
         return None
-    if shutil.which("msprof") is None:
-        raise CliError("msprof is not on PATH: install CANN and `source <install dir>/ascend-toolkit/set_env.sh`",
-                       code=1)
     done = subprocess.run(command, env=env)
     if done.returncode:
         raise CliError(f"{script.name} exited with status {done.returncode}; its output is above", code=1)
@@ -134,7 +137,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    """Profile on the NPU or GPU; refuse on the CPU."""
+    """Profile on the NPU or GPU; refuse on the CPU.
+
+    The options, the model, the device, the environment and the output folder are checked
+    before anything runs.
+    """
     for name in ("tp", "tokens", "iterations"):
         parse_int_list(str(getattr(args, name)), f"--{name}")
     if args.warmup < 0:
@@ -142,36 +149,31 @@ def run(args) -> int:
     providers = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     if not providers or any(p not in PROVIDERS for p in providers):
         raise CliError(f"--providers takes a comma-separated subset of {', '.join(PROVIDERS)}, got {args.providers!r}")
-    from .geometry import resolve_model
-
-    try:
-        resolve_model(args.model).spec.shard(args.tp)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    backend = detect_backend(args.backend)
+    shard_checked(resolve_model(args.model), args.tp)
+    backend = detect_backend(args.backend) if args.dry_run else usable_backend(args.backend)
     if backend.name == "cpu":
         raise CliError("profiling needs an NPU (msprof) or a CUDA GPU (torch.profiler); "
                        f"this machine has neither ({backend.reason.split(':')[0]})", code=1)
+    if args.dry_run:
+        if backend.name == "npu":
+            _profile_npu(args, providers, None, msprof_script())
+        else:
+            _profile_cuda(args, providers, None, None)
+        return 0
+    script = msprof_script() if backend.name == "npu" else None
+    if backend.name == "npu" and shutil.which("msprof") is None:
+        raise CliError("msprof is not on PATH: install CANN and `source <install dir>/ascend-toolkit/set_env.sh`",
+                       code=1)
     ensure_interpreter(backend)
-    if backend.name == "cuda" and not args.dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise CliError("--backend cuda, but torch sees no CUDA GPU", code=1)
-    out = None if args.dry_run else (Path(args.out) if args.out else results_dir(None, "profile"))
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    check_settings()
+    out = output_dir(args.out, "--out") if args.out else results_dir(None, "profile")
     if backend.name == "npu":
-        report_root = _profile_npu(args, providers, out)
+        report_root = _profile_npu(args, providers, out, script)
     else:
         import torch
 
-        report_root = _profile_cuda(args, providers, out, None if args.dry_run else torch.device(backend.device))
-    if report_root is None:
-        return 0
+        report_root = _profile_cuda(args, providers, out, torch.device(backend.device))
     print(f"profile: {out}")
     if args.no_report:
         return 0
-    from .main import main as cli
-
-    return cli(["report", str(report_root), "--png", str(out / "report.png")])
+    return report.run(report.arguments(report_root, png=out / "report.png"))

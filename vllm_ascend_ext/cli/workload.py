@@ -1,29 +1,33 @@
 """The profiled workload: one provider of the benchmark, run a fixed number of times.
 
 ``python -m vllm_ascend_ext.cli.workload --provider ours --model Qwen3-8B --tokens 4096`` builds
-the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.make_inputs`), warms the
+the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.make_inputs`, the
+generator of ``ops.reference``), warms the
 provider up (compilation, autotuning, caches), synchronises, runs it ``--iterations`` times and
 synchronises again. It is what ``scripts/profile_msprof.sh`` runs under msprof and what
 ``profile`` runs under torch.profiler on CUDA.
 
 With ``--out DIR`` it writes ``DIR/workload.json`` (provider, model, tp, tokens, dtypes,
 iterations, device): ``report`` reads it to name the run's kernels by provider, to count
-prologues, and to know the geometry the fused kernel's bytes come from.
+prologues, and to know the geometry the fused kernel's bytes come from. The folder is created
+and checked before the workload runs. Bad input, a ``--backend`` whose device is absent, or a
+malformed environment variable is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from .common import BACKENDS, CliError, CliParser, detect_backend, ensure_interpreter
-from .geometry import resolve_model
+from ..backends import ensure_interpreter
+from ..ops.settings import SettingError
+from .common import BACKENDS, CliError, CliParser, check_settings, output_dir, usable_backend
+from .geometry import resolve_model, shard_checked
 
 __all__ = ["main", "make_call", "sidecar", "synchronize"]
 
 PROVIDERS = ("eager", "compile", "ours")
-DTYPE = "bf16"  # what vllm_ascend_ext.bench.make_inputs builds
+DTYPE = "bf16"  # what vllm_ascend_ext.bench.make_inputs builds by default
 CACHE_DTYPE = "fp32"
 
 
@@ -43,7 +47,8 @@ def make_call(provider: str, model: str, tp: int, tokens: int, device):
     Raises
     ------
     CliError
-        On an unknown provider, model, or a TP size that does not shard the model.
+        On an unknown provider, model, a TP size that does not shard the model, or a geometry
+        the op refuses.
     """
     import torch
 
@@ -51,10 +56,7 @@ def make_call(provider: str, model: str, tp: int, tokens: int, device):
 
     if provider not in PROVIDERS:
         raise CliError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
-    try:
-        geometry = resolve_model(model).spec.shard(tp)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    geometry, _ = shard_checked(resolve_model(model), tp)
     inputs = core.make_inputs(geometry, tokens, device)
     if provider == "ours":
         from ..ops import split_qkv_rmsnorm_rope as fn
@@ -105,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise CliError(f"--{name} must be a positive integer, got {getattr(args, name)}")
         if args.warmup < 0:
             raise CliError(f"--warmup must be non-negative, got {args.warmup}")
-        backend = detect_backend(args.backend)
+        backend = usable_backend(args.backend)
         ensure_interpreter(backend)
+        check_settings()
+        out = output_dir(args.out, "--out") if args.out else None
         import torch
 
         device = torch.device(backend.device)
@@ -117,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.iterations):
             call()
         synchronize(device)
-        if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
+        if out is not None:
             # msprof sees the whole process: the warm-up calls are profiled prologues too.
             meta = sidecar(args.provider, args.model, args.tp, args.tokens, args.warmup + args.iterations,
                            device_name(device))
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         sys.stderr.write(f"{parser.prog}: error: {exc}\n")
         return exc.code
+    except SettingError as exc:
+        sys.stderr.write(f"{parser.prog}: error: {str(exc).splitlines()[0]}\n")
+        return 2
     return 0
 
 
