@@ -1,12 +1,13 @@
 """``doctor``: the backend and why, versions, CANN, device facts, the AscendC fallback."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.cli import doctor
-from vllm_ascend_ext.cli.common import detect_backend
+from vllm_ascend_ext.backends import detect_backend
 
 
 def _checks(result):
@@ -76,13 +77,49 @@ def test_cann_variable_pointing_nowhere_is_flagged(cli, monkeypatch, tmp_path):
     assert checks["CANN"]["status"] == "!!"
 
 
-def test_ascendc_library_is_reported_built_when_present(cli, monkeypatch, tmp_path):
-    library = tmp_path / "libvllm_ascend_ext_ascendc.so"
-    library.write_bytes(b"\x7fELF")
+def _shared_library() -> Path:
+    """A real ELF shared object: one of torch's own libraries."""
+    import torch
+
+    return sorted((Path(torch.__file__).parent / "lib").glob("libc10*.so"))[0]
+
+
+def test_ascendc_library_is_reported_built_when_present(cli, monkeypatch):
+    library = _shared_library()
     monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", str(library))
     checks = _checks(cli("doctor", "--json"))
     assert checks["AscendC fallback"]["status"] == "ok"
     assert str(library) in checks["AscendC fallback"]["detail"]
+
+
+@pytest.mark.parametrize("target, words", [("missing.so", "does not exist"), ("/etc/passwd", "not a shared library")])
+def test_ascendc_library_that_is_not_one_is_flagged(cli, monkeypatch, tmp_path, target, words):
+    path = tmp_path / target if not target.startswith("/") else Path(target)
+    monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", str(path))
+    check = _checks(cli("doctor", "--json"))["AscendC fallback"]
+    assert check["status"] == "!!", check
+    assert str(path) in check["detail"] and words in check["detail"]
+    assert "VLLM_ASCEND_EXT_ASCENDC_LIB" in check["detail"] and "VLLM_ASCEND_EXT_ASCENDC_LIB" in check["fix"]
+    assert "unset" not in check["detail"] and "built:" not in check["detail"]
+
+
+@pytest.mark.parametrize("name, value, line", [
+    ("VLLM_ASCEND_EXT_UB_BYTES", "1", "Ascend facts"),
+    ("VLLM_ASCEND_EXT_UB_BYTES", "lots", "Ascend facts"),
+    ("VLLM_ASCEND_EXT_SOC", "Ascend999", "Ascend facts"),
+    ("VLLM_ASCEND_EXT_NUM_SMS", "garbage", "CUDA facts"),
+    ("VLLM_ASCEND_EXT_NUM_SMS", "0", "CUDA facts"),
+])
+def test_malformed_device_fact_variables_are_wrong_and_named(cli, monkeypatch, name, value, line):
+    monkeypatch.setenv(name, value)
+    result = cli("doctor", "--json", "--backend", "cpu")
+    assert result.code == 0
+    check = _checks(result)[line]
+    assert check["status"] == "!!", check
+    assert check["detail"].startswith(f"{name}={value!r}")
+    assert check["fix"].startswith(f"set {name} to ") and "unset it" in check["fix"]
+    text = cli("doctor", "--backend", "cpu").out
+    assert f"!!  {line}" in text and name in text
 
 
 def test_ascendc_library_absent_says_how_to_build(cli, monkeypatch):
@@ -105,3 +142,26 @@ def test_require_the_detected_backend_passes(cli):
 @pytest.mark.parametrize("argv", [("--require", "tpu"), ("--backend", "gpu"), ("--frob",)])
 def test_bad_options_are_one_line_errors(cli, argv):
     assert_one_line_error(cli("doctor", *argv), 2)
+
+
+@pytest.mark.parametrize("backend, fix", [("cuda", "NVIDIA"), ("npu", "CANN")])
+def test_forced_backend_without_its_device_says_what_to_install(cli, backend, fix):
+    """Where ``bench --backend X`` sends the user: the device line says it is absent and how to get it."""
+    from vllm_ascend_ext.backends import unavailable_reason
+
+    why = unavailable_reason(backend)
+    if why is None:
+        pytest.skip(f"this machine has a {backend} device")
+    checks = _checks(cli("doctor", "--json", "--backend", backend))
+    assert checks["device"]["status"] == "--" and why in checks["device"]["detail"]
+    assert fix in checks["device"]["fix"]
+
+
+def test_cpu_only_torch_is_wrong_for_cuda(cli, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    checks = _checks(cli("doctor", "--json", "--backend", "cuda"))
+    assert checks["torch"]["status"] == "!!" and "CPU-only build" in checks["torch"]["detail"]
+    assert "CUDA build of torch" in checks["torch"]["fix"]
+    assert _checks(cli("doctor", "--json", "--backend", "cpu"))["torch"]["status"] == "ok"

@@ -15,14 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..backends import BACKENDS, Backend, detect_backend, ensure_interpreter, unavailable_reason
+from ..backends import BACKENDS, Backend, detect_backend, unavailable_reason
 from ..ops import settings
 
 __all__ = [
     "BACKENDS",
-    "Backend",
-    "detect_backend",
-    "ensure_interpreter",
     "PROG",
     "CliError",
     "CliParser",

@@ -8,8 +8,6 @@ for scripts and CI.
 
 from __future__ import annotations
 
-import glob
-import importlib
 import importlib.util
 import json
 import os
@@ -18,8 +16,10 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
-from .common import BACKENDS, Backend, CliError, detect_backend, dist_version
+from ..backends import Backend, detect_backend, unavailable_reason
+from .common import BACKENDS, DEVICE_NAMES, CliError, dist_version
 
 __all__ = ["Check", "add_parser", "collect", "run"]
 
@@ -31,8 +31,6 @@ CANN_ENV = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
 CANN_DEFAULT = "/usr/local/Ascend/ascend-toolkit/latest"
 CANN_FIX = ("install the CANN toolkit (and its ops package) for your NPU, then "
             "`source <install dir>/ascend-toolkit/set_env.sh` (sets ASCEND_HOME_PATH)")
-#: The AscendC fallback's library, as built from csrc/ (searched in the package and build/).
-ASCENDC_LIBRARY_GLOB = "libvllm_ascend_ext_ascendc*.so"
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,27 @@ def _backend_check(backend: Backend) -> Check:
     return Check(INFO, "backend", f"{label}: {backend.reason}")
 
 
+#: How to get each backend's device working, for ``--backend`` naming one this machine lacks.
+DEVICE_FIX = {
+    "npu": "on an Ascend host: install the NPU driver and CANN, then torch-npu for your torch "
+           "(the torch_npu and CANN lines say what is missing)",
+    "cuda": "on a host with an NVIDIA GPU and its driver (nvidia-smi lists it): a CUDA build of torch "
+            "(pip install torch; the CUDA wheels of https://pytorch.org/get-started/locally/)",
+}
+CUDA_TORCH_FIX = "pip install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
+
+
+def _device_check(backend: Backend) -> list[Check]:
+    """For ``--backend npu|cuda``: whether that device is here (``bench`` and ``profile`` need it)."""
+    if not backend.forced or backend.name == "cpu":
+        return []
+    why = unavailable_reason(backend.name)
+    if why is None:
+        return [Check(OK, "device", f"{DEVICE_NAMES[backend.name]} present")]
+    return [Check(MISSING, "device", f"no {DEVICE_NAMES[backend.name]} on this machine ({why}): `bench` and "
+                  "`profile` cannot run on it", DEVICE_FIX[backend.name])]
+
+
 def _torch_checks(backend: Backend) -> list[Check]:
     checks = []
     _, torch_version = _first_version("torch")
@@ -68,7 +87,11 @@ def _torch_checks(backend: Backend) -> list[Check]:
     import torch
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
-    checks.append(Check(OK, "torch", f"{torch_version} ({build})"))
+    if backend.name == "cuda" and not torch.version.cuda:
+        checks.append(Check(WRONG, "torch", f"{torch_version} ({build}): it cannot run on a CUDA GPU",
+                            CUDA_TORCH_FIX))
+    else:
+        checks.append(Check(OK, "torch", f"{torch_version} ({build})"))
     _, npu_version = _first_version("torch-npu", "torch_npu")
     if npu_version is None:
         status = MISSING if backend.name == "npu" else INFO
@@ -177,10 +200,22 @@ def _vllm_checks(backend: Backend) -> list[Check]:
     return checks
 
 
+def _setting_fix(exc: Exception) -> str | None:
+    """How to fix the variable a ``SettingError`` names, from ``ops.settings.SETTINGS``."""
+    from ..ops import settings
+
+    message = str(exc)
+    for setting in settings.SETTINGS:
+        if message.startswith(setting.name + "="):
+            return (f"set {setting.name} to {setting.accepted.replace('`', '')}, or unset it "
+                    f"(default: {setting.default.replace('`', '')})")
+    return None
+
+
 def _facts_checks(backend: Backend) -> list[Check]:
     try:
         from ..ops import device, settings
-    except Exception as exc:  # triton missing or broken: the op module cannot load
+    except Exception as exc:  # noqa: BLE001 - triton or torch missing or broken: the op module cannot load
         return [Check(MISSING, "device facts", f"vllm_ascend_ext.ops does not import "
                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
                       "install triton (see above)")]
@@ -190,95 +225,72 @@ def _facts_checks(backend: Backend) -> list[Check]:
         where = "this NPU" if ascend.source == "device" else f"target SoC, from {ascend.source} (no NPU attached)"
         checks.append(Check(INFO, "Ascend facts", f"{ascend.soc}: {ascend.num_vector_cores} vector cores, "
                             f"{ascend.ub_bytes} B UB per core ({ascend.ub_bytes // 1024} KiB); {where}"))
-    except Exception as exc:
-        checks.append(Check(WRONG, "Ascend facts", str(exc).splitlines()[0],
-                            f"set {settings.SOC} to a known SoC or {settings.VECTOR_CORES} and "
-                            f"{settings.UB_BYTES}"))
+    except settings.SettingError as exc:  # every plan would fail: say which variable
+        checks.append(Check(WRONG, "Ascend facts", str(exc).splitlines()[0], _setting_fix(exc) or
+                            f"set {settings.SOC} to a known SoC, or {settings.VECTOR_CORES} and {settings.UB_BYTES}"))
+    except Exception as exc:  # noqa: BLE001 - the NPU's driver or CANN failed to answer
+        checks.append(Check(WRONG, "Ascend facts", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                            f"set {settings.SOC} to a known SoC, or {settings.VECTOR_CORES} and {settings.UB_BYTES}"))
     try:
         cuda = device.cuda_facts(0 if backend.name == "cuda" and not backend.forced else None)
         where = "this GPU" if cuda.source == "device" else f"planning target, from {cuda.source} (no GPU attached)"
         checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs; {where}"))
-    except Exception as exc:
+    except settings.SettingError as exc:
         checks.append(Check(WRONG, "CUDA facts", str(exc).splitlines()[0],
-                            f"set {settings.NUM_SMS}"))
+                            _setting_fix(exc) or f"set {settings.NUM_SMS}"))
     return checks
 
 
 def _ascendc_check(backend: Backend) -> Check:
-    """Whether the AscendC fallback (csrc/) is built, asked of ``vllm_ascend_ext.ascendc``.
+    """Whether the AscendC fallback (csrc/) is built, as ``vllm_ascend_ext.ascendc.library_status()`` says.
 
-    That module's ``library_path()`` answers (``None`` when the CANN-built library is absent);
-    without the module, the package and ``build/`` are searched for the library.
+    A library named by ``VLLM_ASCEND_EXT_ASCENDC_LIB`` that does not exist or is not a shared
+    library is ``!!`` with that variable named; an absent one is ``--`` on an NPU.
     """
-    try:
-        has_module = importlib.util.find_spec("vllm_ascend_ext.ascendc") is not None
-    except (ImportError, ValueError):
-        has_module = False
-    status = MISSING if backend.name == "npu" else INFO
-    fix = ("on an Ascend host with CANN, reinstall the package (setup.py builds csrc/ when CANN is "
-           "present) or point {env} at a built {lib}; the Triton op is used meanwhile")
-    if has_module:
-        try:
-            module = importlib.import_module("vllm_ascend_ext.ascendc")
-            path = module.library_path()
-        except Exception as exc:
-            return Check(WRONG, "AscendC fallback", f"vllm_ascend_ext.ascendc.library_path() failed "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-                         "reinstall the package")
-        lib = getattr(module, "LIBRARY_NAME", ASCENDC_LIBRARY_GLOB)
-        env = getattr(module, "ENV_LIBRARY", "VLLM_ASCEND_EXT_ASCENDC_LIB")
-        if path is not None:
-            return Check(OK, "AscendC fallback", f"built: {path}")
-        return Check(status, "AscendC fallback", f"not built (no {lib} next to vllm_ascend_ext/ascendc.py, "
-                     f"{env} unset)" + _needed_for_npu(backend), fix.format(env=env, lib=lib))
-    override = os.environ.get("VLLM_ASCEND_EXT_ASCENDC_LIB")
-    if override and Path(override).is_file():
-        return Check(OK, "AscendC fallback", f"built: {override}")
-    package = Path(__file__).resolve().parents[1]
-    roots = [package, package.parent / "build"]
-    found = [path for root in roots for path in glob.glob(str(root / "**" / ASCENDC_LIBRARY_GLOB), recursive=True)]
-    if found:
-        return Check(OK, "AscendC fallback", f"library built: {found[0]}")
-    return Check(status, "AscendC fallback", "not built (no " + ASCENDC_LIBRARY_GLOB + " in the package or "
-                 "build/)" + _needed_for_npu(backend),
-                 fix.format(env="VLLM_ASCEND_EXT_ASCENDC_LIB", lib="library"))
+    from .. import ascendc
+    from ..ops import settings
+
+    path, problem = ascendc.library_status()
+    named = settings.ascendc_library() is not None
+    build = ("on an Ascend host with CANN, reinstall the package (setup.py builds csrc/ when CANN is present) "
+             f"or point {settings.ASCENDC_LIB} at a built {ascendc.LIBRARY_NAME}; the Triton op is used meanwhile")
+    if path is None:
+        status = MISSING if backend.name == "npu" else INFO
+        return Check(status, "AscendC fallback", f"not built (no {ascendc.LIBRARY_NAME} next to "
+                     f"vllm_ascend_ext/ascendc.py, {settings.ASCENDC_LIB} unset)" + _needed_for_npu(backend), build)
+    source = f" ({settings.ASCENDC_LIB})" if named else ""
+    if problem is None:
+        return Check(OK, "AscendC fallback", f"built: {path}{source}")
+    fix = (f"point {settings.ASCENDC_LIB} at the {ascendc.LIBRARY_NAME} CANN built, or unset it" if named
+           else "reinstall the package on an Ascend host with CANN (setup.py rebuilds it)")
+    return Check(WRONG, "AscendC fallback", f"{path}{source} {problem}", fix)
 
 
 def _impl_check(backend: Backend) -> Check:
     """Which implementation (Triton or AscendC) ``vllm_ascend_ext.impl`` picks for a typical call.
 
     Asked for a bf16 call with head_dim 128 on the backend's device, with the Triton interpreter
-    on for the CPU backend (as ``bench`` runs it).
+    on for the CPU backend (as ``bench`` runs it; the environment is restored afterwards).
     """
-    try:
-        has_module = importlib.util.find_spec("vllm_ascend_ext.impl") is not None
-    except (ImportError, ValueError):
-        has_module = False
-    if not has_module:
-        return Check(INFO, "implementation", "vllm_ascend_ext.impl is not installed: the Triton op is called directly")
+    from ..ops import settings
+
     if backend.forced and backend.name != "cpu":
         return Check(INFO, "implementation", f"not asked: --backend {backend.name} names a device this "
                      "process has not found")
-    saved = os.environ.get("TRITON_INTERPRET")
+    interpreter = {settings.TRITON_INTERPRET: "1"} if backend.name == "cpu" else {}
     try:
-        if backend.name == "cpu":
-            os.environ["TRITON_INTERPRET"] = "1"
-        import torch
+        with mock.patch.dict(os.environ, interpreter):
+            import torch
 
-        from .. import impl
+            from .. import impl
 
-        choice = impl.choose_impl(torch.device(backend.device), dtype=torch.bfloat16, head_dim=128)
-    except Exception as exc:
+            choice = impl.choose_impl(torch.device(backend.device), dtype=torch.bfloat16, head_dim=128)
+    except Exception as exc:  # noqa: BLE001 - any failure here means no implementation serves the call
         return Check(WRONG, "implementation", f"no implementation serves a bf16, head_dim 128 call on "
                      f"{backend.device}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                     "install what the triton and AscendC lines above ask for")
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
+                     _setting_fix(exc) or "install what the triton and AscendC lines above ask for")
     return Check(OK, "implementation", f"{choice.impl} for a bf16, head_dim 128 call on {backend.device} "
-                 f"({choice.reason}; {getattr(impl, 'ENV_IMPL', 'VLLM_ASCEND_EXT_IMPL')} selects)")
+                 f"({choice.reason}; {settings.IMPL} selects)")
 
 
 def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
@@ -299,6 +311,7 @@ def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
     backend = detect_backend(forced_backend)
     checks = [
         _backend_check(backend),
+        *_device_check(backend),
         Check(INFO, "python", f"{platform.python_version()} ({sys.executable})"),
         *_torch_checks(backend),
         _triton_check(backend),
