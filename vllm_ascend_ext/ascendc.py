@@ -28,11 +28,12 @@ import contextlib
 import ctypes
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .ops import settings
 
 __all__ = [
     "AscendCPlan",
@@ -40,6 +41,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "Tiling",
     "library_path",
+    "library_status",
     "plan",
     "register_cpu_launch",
     "split_qkv_rmsnorm_rope",
@@ -55,7 +57,7 @@ MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-ENV_LIBRARY = "VLLM_ASCEND_EXT_ASCENDC_LIB"
+ENV_LIBRARY = settings.ASCENDC_LIB
 LIBRARY_NAME = "libvllm_ascend_ext_ascendc.so"
 
 # --- mirror of split_qkv_rmsnorm_rope_tiling.h -------------------------------------------------
@@ -429,22 +431,69 @@ def _make_impl(launch, inplace: bool):
     return impl
 
 
-def library_path() -> Path | None:
-    """The CANN-built op library, or ``None`` when it was not built (no CANN at install time).
+# --- the CANN-built library -------------------------------------------------------------------
+ELF_MAGIC = b"\x7fELF"
+#: ``e_type`` of a shared object (``elf.h``); read at byte 16 of the header.
+ET_DYN = 3
+_ELF_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
 
-    ``VLLM_ASCEND_EXT_ASCENDC_LIB`` overrides the location; otherwise the library is looked for
-    next to this file (where ``setup.py`` installs it).
+
+def _not_shared_library(path: Path) -> str | None:
+    """Why ``path`` is not an ELF shared object, from its header alone (``None`` when it is)."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(18)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if header[:4] != ELF_MAGIC:
+        return "no ELF magic"
+    if len(header) < 18:
+        return f"ELF header truncated at {len(header)} bytes"
+    order = {1: "little", 2: "big"}.get(header[5])
+    if order is None:
+        return f"ELF data encoding {header[5]} is neither little- nor big-endian"
+    e_type = int.from_bytes(header[16:18], order)
+    if e_type != ET_DYN:
+        return f"ELF type {_ELF_TYPES.get(e_type, e_type)}, not ET_DYN"
+    return None
+
+
+def library_status() -> tuple[Path | None, str | None]:
+    """Where the CANN-built op library is, and what is wrong with it, without loading it.
+
+    ``VLLM_ASCEND_EXT_ASCENDC_LIB`` names the library; unset, it is looked for next to this file
+    (where ``setup.py`` installs it). The check reads the ELF header only (magic and
+    ``e_type == ET_DYN``): loading the real library needs CANN and torch_npu.
+
+    Returns
+    -------
+    path : Path or None
+        The library looked at; ``None`` when the variable is unset and none was built here.
+    problem : str or None
+        ``None`` when ``path`` is an ELF shared object; otherwise ``"does not exist"`` or
+        ``"is not a shared library (<why>)"``.
     """
-    override = os.environ.get(ENV_LIBRARY)
-    candidate = Path(override) if override else Path(__file__).with_name(LIBRARY_NAME)
-    return candidate if candidate.is_file() else None
+    override = settings.ascendc_library()
+    path = override if override is not None else Path(__file__).with_name(LIBRARY_NAME)
+    if not path.exists():
+        return (None, None) if override is None else (path, "does not exist")
+    if not path.is_file():
+        return path, "is not a shared library (not a regular file)"
+    why = _not_shared_library(path)
+    return path, None if why is None else f"is not a shared library ({why})"
+
+
+def library_path() -> Path | None:
+    """The CANN-built op library when :func:`library_status` finds a shared object, else ``None``."""
+    path, problem = library_status()
+    return path if problem is None else None
 
 
 @functools.lru_cache(maxsize=None)
 def load_npu_library() -> bool:
     """Load the CANN-built library and register the PrivateUse1 implementations (once).
 
-    Returns ``False`` (and registers nothing) when the library is absent. Raises what
+    Returns ``False`` (and registers nothing) when :func:`library_path` finds none. Raises what
     ``torch.ops.load_library`` raises when it is present but cannot load.
     """
     path = library_path()
