@@ -2,24 +2,32 @@
 
 The kernel lives in ``csrc/split_qkv_rmsnorm_rope/``. Everything it is told comes from here:
 :func:`plan` takes the Triton op's Ascend plan (``vllm_ascend_ext.ops.tiling.ascend``, the one
-source of tile sizes) and keeps its ``block_heads`` and grid; :func:`ub_buffers` lists, by name
-and bytes, exactly the buffers the kernel's ``TPipe::InitBuffer`` calls allocate, and
+source of tile sizes) and keeps its ``block_heads`` and ``max_programs``; :class:`AscendCPlan` is
+an ``ops.tiling.PlanBase``, so tile count and grid follow the Triton plan's rules (the kernel
+walks the tiles grid-stride as the Triton kernel does). :func:`ub_buffers` lists, by name and
+bytes, exactly the buffers the kernel's ``TPipe::InitBuffer`` calls allocate, and
 ``block_tokens`` is halved until they fit the same UB budget as the Triton model. :func:`tiling`
 packs the :class:`Tiling` struct (a ctypes mirror of ``split_qkv_rmsnorm_rope_tiling.h``) that
 every vector core reads.
 
-Torch ops (namespace ``vllm_ascend_ext``):
+Torch ops (namespace ``vllm_ascend_ext``; schemas from :func:`vllm_ascend_ext.custom_ops.schemas`,
+the one spelling of the argument list):
 
 * ``split_qkv_rmsnorm_rope_ascendc(qkv, q_weight, k_weight, cos_sin_cache, positions,
   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None,
   weight_offset=0.0) -> (q, k)``: new q ``[T, Hq*D]`` and k ``[T, Hkv*D]``;
-* ``split_qkv_rmsnorm_rope_ascendc_(qkv!, ...) -> ()``: the same, written into ``qkv``.
+* ``split_qkv_rmsnorm_rope_ascendc_(qkv!, ...) -> ()``: the same, written into ``qkv`` (and
+  ``qkv``'s autograd version counter bumped, as the Triton op does).
 
-Both have a Meta (fake) implementation always and a PrivateUse1 (NPU) implementation only when
-the CANN-built library ``libvllm_ascend_ext_ascendc.so`` is present. :func:`split_qkv_rmsnorm_rope`
-is the Python API of the Triton op (``inplace`` flag, returns ``(q, k, v)`` with v a view).
-:func:`register_cpu_launch` adds CPU implementations that run the host build of the kernel
-(tests only: it is the proof without hardware, not a CPU backend).
+Every implementation, fake ones included, validates with the op's one validator
+(:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope`) and then the kernel's own limits
+(:func:`unsupported_reason`), ``ValueError`` naming the argument either way. Both ops have a fake
+implementation always and a PrivateUse1 (NPU) one only when the CANN-built library
+``libvllm_ascend_ext_ascendc.so`` loads (:func:`load_npu_library`; :func:`library_status` says
+whether one is there, without loading it). :func:`make_impl` builds an implementation around
+any launch callable: the tests register the host build of the kernel on the CPU key with it
+(``tests/csrc/host_sim.py``). :func:`split_qkv_rmsnorm_rope` is the Python API of the Triton
+op (``inplace`` flag, returns ``(q, k, v)`` with v a view).
 """
 
 from __future__ import annotations
@@ -27,26 +35,30 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .ops import settings
+from . import custom_ops
+from .ops import settings, validation
+from .ops.tiling import PlanBase
 
 __all__ = [
     "AscendCPlan",
+    "INPLACE_OP_NAME",
     "MAX_HEAD_DIM",
+    "OP_NAME",
     "SUPPORTED_DTYPES",
     "Tiling",
+    "forced",
     "library_path",
     "library_status",
+    "load_npu_library",
+    "make_impl",
     "plan",
-    "register_cpu_launch",
     "split_qkv_rmsnorm_rope",
     "tiling",
-    "forced",
     "ub_buffers",
     "unsupported_reason",
 ]
@@ -59,6 +71,9 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 ENV_LIBRARY = settings.ASCENDC_LIB
 LIBRARY_NAME = "libvllm_ascend_ext_ascendc.so"
+
+OP_NAME = "split_qkv_rmsnorm_rope_ascendc"
+INPLACE_OP_NAME = OP_NAME + "_"
 
 # --- mirror of split_qkv_rmsnorm_rope_tiling.h -------------------------------------------------
 FLAG_NEOX = 1 << 0
@@ -122,8 +137,14 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 @dataclass(frozen=True)
-class AscendCPlan:
+class AscendCPlan(PlanBase):
     """The AscendC launch: the Triton plan's head blocking and grid, tokens fitted to this UB list.
+
+    A :class:`~vllm_ascend_ext.ops.tiling.PlanBase`: ``num_tiles``, ``head_blocks`` and ``grid``
+    are the Triton plan's. They apply unchanged because the kernel cuts tiles as the Triton kernel
+    does (tile = token block x head blocks + head block, q's heads then k's) and block ``b`` walks
+    tiles ``b, b + GetBlockNum(), ...``: a capped grid is kept off multiples of the head-block
+    count for the same reason.
 
     Attributes
     ----------
@@ -138,9 +159,6 @@ class AscendCPlan:
         The budget the Triton UB model is checked against, and the vector core's UB.
     """
 
-    block_tokens: int
-    block_heads: int
-    max_programs: int
     triton_block_tokens: int
     ub_buffers: tuple[tuple[str, int], ...]
     ub_budget: int
@@ -150,15 +168,6 @@ class AscendCPlan:
     def ub_bytes(self) -> int:
         """Bytes the kernel allocates per vector core."""
         return sum(size for _, size in self.ub_buffers)
-
-    def num_tiles(self, num_tokens: int, num_q_heads: int, num_kv_heads: int) -> int:
-        """Tiles covering ``num_tokens`` tokens: q heads in blocks, then k heads in blocks."""
-        head_blocks = -(-num_q_heads // self.block_heads) + -(-num_kv_heads // self.block_heads)
-        return -(-num_tokens // self.block_tokens) * head_blocks
-
-    def grid(self, num_tokens: int, num_q_heads: int, num_kv_heads: int) -> int:
-        """Vector cores to launch: one per tile, at most ``max_programs``."""
-        return max(1, min(self.num_tiles(num_tokens, num_q_heads, num_kv_heads), self.max_programs))
 
 
 def ub_buffers(
@@ -287,62 +296,42 @@ def unsupported_reason(
     return None
 
 
-def _check(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-           q_bias, k_bias, weight_offset) -> int:
-    """Validate arguments (ValueError naming the argument); returns the rotary dim."""
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even, got {head_dim}")
-    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2:
-        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads + 2*num_kv_heads) * head_dim]")
-    width = (num_q_heads + 2 * num_kv_heads) * head_dim
-    if qkv.shape[1] != width:
-        raise ValueError(f"qkv has {qkv.shape[1]} columns; the head counts and head_dim need {width}")
-    if qkv.stride(1) != 1 or (qkv.shape[0] > 1 and qkv.stride(0) < width):
-        raise ValueError("qkv must have a contiguous last dim and a row stride of at least its width")
-    weights = [t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if isinstance(t, torch.Tensor)]
-    reason = unsupported_reason(qkv.dtype, head_dim, weight_dtypes=tuple(weights),
-                                cache_dtype=getattr(cos_sin_cache, "dtype", None))
+def _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+              *, is_neox, q_bias, k_bias, weight_offset, inplace, fake: bool = False) -> validation.Call:
+    """The op's one validator (``custom_ops.validate_fake``'s form in fakes), then the kernel's limits.
+
+    ``ValueError`` naming the argument either way.
+    """
+    validate = custom_ops.validate_fake if fake else validation.split_qkv_rmsnorm_rope
+    call = validate(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+    weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if t is not None)
+    reason = unsupported_reason(qkv.dtype, call.shape.head_dim, weight_dtypes=weights,
+                                cache_dtype=cos_sin_cache.dtype)
     if reason is not None:
         raise ValueError(reason)
-    for name, vec, weight in (("q_weight", q_weight, True), ("k_weight", k_weight, True),
-                              ("q_bias", q_bias, q_weight), ("k_bias", k_bias, k_weight)):
-        if vec is None:
-            continue
-        if weight is None:
-            raise ValueError(f"{name} is only allowed together with a weight")
-        if not isinstance(vec, torch.Tensor) or vec.shape != (head_dim,) or vec.stride(0) != 1:
-            raise ValueError(f"{name} must be a contiguous [{head_dim}] tensor")
-        if vec.device != qkv.device:
-            raise ValueError(f"{name} is on {vec.device}, qkv on {qkv.device}")
-    cache = cos_sin_cache
-    if not isinstance(cache, torch.Tensor) or cache.dim() != 2 or cache.shape[0] < 1:
-        raise ValueError("cos_sin_cache must be a 2-D tensor [max_position, rotary_dim]")
-    rotary_dim = cache.shape[1]
-    if rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
-        raise ValueError(f"cos_sin_cache's rotary_dim must be even and in [2, head_dim={head_dim}], got {rotary_dim}")
-    if cache.stride(1) != 1 or cache.device != qkv.device:
-        raise ValueError("cos_sin_cache must have a contiguous last dim and sit on qkv's device")
-    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.shape[0] != qkv.shape[0]:
-        raise ValueError("positions must be a 1-D tensor with one entry per token of qkv")
-    if positions.dtype not in (torch.int32, torch.int64) or positions.device != qkv.device:
-        raise ValueError("positions must be int32 or int64 on qkv's device")
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
-    if not isinstance(weight_offset, (int, float)) or not math.isfinite(weight_offset):
-        raise ValueError(f"weight_offset must be a finite float, got {weight_offset!r}")
-    return rotary_dim
+    return call
 
 
 def tiling(
-    qkv: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor, cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, eps: float, *,
-    is_neox: bool, q_weight: bool, k_weight: bool, q_bias: bool, k_bias: bool, weight_offset: float,
-    plan_override: AscendCPlan | None = None, device_index: int | None = None,
+    call: validation.Call, qkv: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor,
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, plan_override: AscendCPlan | None = None,
+    device_index: int | None = None,
 ) -> tuple[Tiling, int, AscendCPlan]:
     """The tiling struct and block count for one launch (host-side only: no device access).
+
+    Parameters
+    ----------
+    call : vllm_ascend_ext.ops.validation.Call
+        The validated call (geometry, features, ``eps``, ``weight_offset``).
+    qkv, q_out, k_out, cos_sin_cache, positions : torch.Tensor
+        The launch's tensors (their strides go into the struct).
+    plan_override : AscendCPlan, optional
+        A plan to use instead of :func:`plan`'s (tests force tile shapes with it, as does
+        :func:`forced`).
+    device_index : int, optional
+        The NPU whose facts size the plan (``None``: the default SoC's).
 
     Returns
     -------
@@ -351,81 +340,97 @@ def tiling(
     block_dim : int
         Vector cores to launch.
     plan : AscendCPlan
-        The plan it came from (``plan_override`` when given: tests force tile shapes with it).
+        The plan it came from.
     """
-    rotary_dim = cos_sin_cache.shape[1]
-    elem = qkv.element_size()
+    shape = call.shape
     p = plan_override or _forced_plan[0] or plan(
-        num_q_heads, num_kv_heads, head_dim, rotary_dim, elem, cos_sin_cache.element_size(),
-        q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, is_neox=is_neox,
-        device_index=device_index,
+        shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim, shape.elem_bytes,
+        shape.cache_bytes, q_weight=call.q_norm, k_weight=call.k_norm, q_bias=call.q_bias, k_bias=call.k_bias,
+        is_neox=shape.is_neox, device_index=device_index,
     )
-    num_tokens = qkv.shape[0]
-    flags = (FLAG_NEOX if is_neox else 0) | (FLAG_Q_WEIGHT if q_weight else 0) | (FLAG_K_WEIGHT if k_weight else 0)
-    flags |= (FLAG_Q_BIAS if q_bias else 0) | (FLAG_K_BIAS if k_bias else 0)
-    flags |= FLAG_POS_INT64 if positions.dtype == torch.int64 else 0
+    flags = (FLAG_NEOX if shape.is_neox else 0) | (FLAG_Q_WEIGHT if call.q_norm else 0)
+    flags |= (FLAG_K_WEIGHT if call.k_norm else 0) | (FLAG_Q_BIAS if call.q_bias else 0)
+    flags |= (FLAG_K_BIAS if call.k_bias else 0) | (FLAG_POS_INT64 if positions.dtype == torch.int64 else 0)
     t = Tiling(
         qkvRowStride=qkv.stride(0), qOutRowStride=q_out.stride(0), kOutRowStride=k_out.stride(0),
         cacheRowStride=cos_sin_cache.stride(0), positionStride=positions.stride(0),
-        numTokens=num_tokens, numQHeads=num_q_heads, numKvHeads=num_kv_heads, headDim=head_dim,
-        headDimPadded=padded_head_dim(head_dim), rotaryDim=rotary_dim, maxPosition=cos_sin_cache.shape[0],
-        blockTokens=p.block_tokens, blockHeads=p.block_heads,
-        numTiles=p.num_tiles(num_tokens, num_q_heads, num_kv_heads), flags=flags,
+        numTokens=call.num_tokens, numQHeads=shape.num_q_heads, numKvHeads=shape.num_kv_heads,
+        headDim=shape.head_dim, headDimPadded=padded_head_dim(shape.head_dim), rotaryDim=shape.rotary_dim,
+        maxPosition=cos_sin_cache.shape[0], blockTokens=p.block_tokens, blockHeads=p.block_heads,
+        numTiles=p.num_tiles(shape, call.num_tokens), flags=flags,
         dtype=DTYPE_CODES[qkv.dtype], cacheDtype=DTYPE_CODES[cos_sin_cache.dtype],
-        eps=float(eps), weightOffset=float(weight_offset), ubBytes=p.ub_capacity, reserved=0,
+        eps=call.eps, weightOffset=call.weight_offset, ubBytes=p.ub_capacity, reserved=0,
     )
-    return t, p.grid(num_tokens, num_q_heads, num_kv_heads), p
+    return t, p.grid(shape, call.num_tokens), p
 
 
 # --- torch ops ------------------------------------------------------------------------------------
-_ARGS = (
-    "Tensor? q_weight, Tensor? k_weight, Tensor cos_sin_cache, Tensor positions, int num_q_heads, "
-    "int num_kv_heads, int head_dim, float eps=1e-06, *, bool is_neox=True, Tensor? q_bias=None, "
-    "Tensor? k_bias=None, float weight_offset=0.0"
-)
-_lib = torch.library.Library("vllm_ascend_ext", "FRAGMENT")  # noqa: TOR901
-_lib.define(f"split_qkv_rmsnorm_rope_ascendc(Tensor qkv, {_ARGS}) -> (Tensor, Tensor)")
-_lib.define(f"split_qkv_rmsnorm_rope_ascendc_(Tensor(a!) qkv, {_ARGS}) -> ()")
+_lib = torch.library.Library(custom_ops.NAMESPACE, "FRAGMENT")
+for _schema in custom_ops.schemas(OP_NAME):
+    _lib.define(_schema)
 
 
-def _outputs(qkv, num_q_heads, num_kv_heads, head_dim, inplace):
-    if inplace:
-        q = qkv[:, : num_q_heads * head_dim]
-        k = qkv[:, num_q_heads * head_dim:(num_q_heads + num_kv_heads) * head_dim]
-        return q, k
-    q = qkv.new_empty((qkv.shape[0], num_q_heads * head_dim))
-    k = qkv.new_empty((qkv.shape[0], num_kv_heads * head_dim))
-    return q, k
+def _outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, torch.Tensor]:
+    q_cols = call.shape.num_q_heads * call.shape.head_dim
+    kv_cols = call.shape.num_kv_heads * call.shape.head_dim
+    if call.inplace:
+        return qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
+    return qkv.new_empty((qkv.shape[0], q_cols)), qkv.new_empty((qkv.shape[0], kv_cols))
 
 
-@torch.library.register_fake("vllm_ascend_ext::split_qkv_rmsnorm_rope_ascendc", lib=_lib)
+@torch.library.register_fake(f"{custom_ops.NAMESPACE}::{OP_NAME}", lib=_lib)
 def _fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
           is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
-    return _outputs(qkv, num_q_heads, num_kv_heads, head_dim, inplace=False)
+    call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+                     is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
+                     fake=True)
+    return _outputs(qkv, call)
 
 
-@torch.library.register_fake("vllm_ascend_ext::split_qkv_rmsnorm_rope_ascendc_", lib=_lib)
+@torch.library.register_fake(f"{custom_ops.NAMESPACE}::{INPLACE_OP_NAME}", lib=_lib)
 def _fake_inplace(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6,
                   *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+    _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+              is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True, fake=True)
     return None
 
 
-def _make_impl(launch, inplace: bool):
-    """A backend implementation of the functional or in-place op around ``launch``."""
+def make_impl(launch, inplace: bool):
+    """A backend implementation of the functional (or in-place) AscendC op around ``launch``.
+
+    Parameters
+    ----------
+    launch : callable
+        ``launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
+        block_dim, tiling)``: runs the kernel on ``block_dim`` vector cores with the
+        :class:`Tiling` ``tiling`` (the NPU library's launch op, or the tests' host build).
+    inplace : bool
+        Build the implementation of ``split_qkv_rmsnorm_rope_ascendc_`` (q and k written into
+        ``qkv``, whose autograd version counter is then bumped unless it is an inference
+        tensor) rather than of the functional op.
+
+    Returns
+    -------
+    callable
+        The implementation, with the op's schema as its signature, to register with
+        ``torch.library.Library.impl`` under :data:`OP_NAME` or :data:`INPLACE_OP_NAME`.
+    """
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
              is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
-        _check(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-               q_bias, k_bias, weight_offset)
-        q, k = _outputs(qkv, num_q_heads, num_kv_heads, head_dim, inplace)
-        if qkv.shape[0] > 0:
-            t, block_dim, _ = tiling(
-                qkv, q, k, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps, is_neox=is_neox,
-                q_weight=q_weight is not None, k_weight=k_weight is not None, q_bias=q_bias is not None,
-                k_bias=k_bias is not None, weight_offset=weight_offset,
-                device_index=qkv.device.index if qkv.device.type != "cpu" else None,
-            )
+        call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
+                         eps, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset,
+                         inplace=inplace)
+        q, k = _outputs(qkv, call)
+        if call.num_tokens > 0:
+            t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions,
+                                     device_index=qkv.device.index if qkv.device.type != "cpu" else None)
             launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, t)
+            if inplace and not qkv.is_inference():
+                # As the Triton op: the dispatcher does not bump the version of a custom op's (a!)
+                # argument, and autograd must see the write (a graph that saved qkv then refuses
+                # to backpropagate instead of computing a wrong gradient).
+                torch.autograd.graph.increment_version(qkv)
         return None if inplace else (q, k)
 
     return impl
@@ -505,27 +510,9 @@ def load_npu_library() -> bool:
     def launch(qkv, q, k, cache, positions, qw, kw, qb, kb, block_dim, t):  # pragma: no cover
         launch_op(qkv, q, k, cache, positions, qw, kw, qb, kb, block_dim, t.words())
 
-    _lib.impl("split_qkv_rmsnorm_rope_ascendc", _make_impl(launch, False), "PrivateUse1")  # pragma: no cover
-    _lib.impl("split_qkv_rmsnorm_rope_ascendc_", _make_impl(launch, True), "PrivateUse1")  # pragma: no cover
+    _lib.impl(OP_NAME, make_impl(launch, False), "PrivateUse1")  # pragma: no cover
+    _lib.impl(INPLACE_OP_NAME, make_impl(launch, True), "PrivateUse1")  # pragma: no cover
     return True  # pragma: no cover
-
-
-def register_cpu_launch(launch) -> None:
-    """Register CPU implementations of both ops around ``launch`` (tests only).
-
-    The tests pass the host build of the kernel (``tests/csrc/host_sim.py``): a callable
-    ``launch(qkv, q, k, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling)``.
-    That is the proof without hardware, not a CPU backend. Registering again replaces the launch.
-    """
-    _cpu_launch[0] = launch
-    if not _cpu_registered:
-        _lib.impl("split_qkv_rmsnorm_rope_ascendc", _make_impl(lambda *a: _cpu_launch[0](*a), False), "CPU")
-        _lib.impl("split_qkv_rmsnorm_rope_ascendc_", _make_impl(lambda *a: _cpu_launch[0](*a), True), "CPU")
-        _cpu_registered.append(True)
-
-
-_cpu_launch: list = [None]
-_cpu_registered: list = []
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
@@ -533,7 +520,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     """The Triton op's API on the AscendC kernel: returns ``(q, k, v)``, v always a view of qkv.
 
     Parameters and semantics are those of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope``, within
-    the limits :func:`unsupported_reason` names (``ValueError`` beyond them).
+    the limits :func:`unsupported_reason` names.
 
     Returns
     -------
@@ -541,12 +528,19 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
         ``[T, Hq*D]`` and ``[T, Hkv*D]``: new tensors, or views of ``qkv`` when ``inplace``.
     v : torch.Tensor
         ``[T, Hkv*D]`` view of ``qkv`` (never read or written).
+
+    Raises
+    ------
+    ValueError
+        On a bad argument (the op's validator) or one beyond the kernel's limits, naming it.
     """
+    call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+                     is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
     kwargs = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset)
     args = (q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps)
-    qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
+    qd, kd = call.shape.num_q_heads * call.shape.head_dim, call.shape.num_kv_heads * call.shape.head_dim
     v = qkv[:, qd + kd:qd + 2 * kd]
-    if inplace:
+    if call.inplace:
         torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc_(qkv, *args, **kwargs)
         return qkv[:, :qd], qkv[:, qd:qd + kd], v
     q, k = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc(qkv, *args, **kwargs)

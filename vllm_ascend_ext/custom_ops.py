@@ -20,95 +20,166 @@ that the mutation semantics are explicit:
     split_qkv_rmsnorm_rope_(Tensor(a!) qkv, ...same arguments...) -> ()
 
     Writes the normalised, rotated q and k back into their columns of ``qkv``; V's columns are
-    neither read nor written.
+    neither read nor written. The dispatcher does not bump ``qkv``'s autograd version counter
+    for a custom ``(a!)`` op; the implementation does, so a graph that saved ``qkv`` refuses to
+    backpropagate after the write instead of computing a wrong gradient.
 
-Both have a fake (meta) implementation, so they trace under ``torch.compile`` and
-FakeTensorMode, and real implementations for the CPU, CUDA and PrivateUse1 (Ascend NPU)
-dispatch keys. All three run the Triton kernel of :mod:`vllm_ascend_ext.ops` (through the
-interpreter on CPU, when ``TRITON_INTERPRET=1``), or what :mod:`vllm_ascend_ext.impl` selects
-when that selector is installed. Nothing here synchronises the host with the device.
+The argument list is spelled once, :data:`ARGS_SCHEMA`; :func:`schemas` builds both schemas of
+an op name from it (the AscendC ops of :mod:`vllm_ascend_ext.ascendc` use it too).
+
+Both ops have a fake implementation, so they trace under ``torch.compile`` and FakeTensorMode;
+it runs the op's one validator (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope`,
+through :func:`validate_fake` for symbolic sizes) first, so a call the real op rejects is
+rejected while tracing too, with the same ``ValueError`` naming the argument. The real
+implementations, for the CPU, CUDA and PrivateUse1 (Ascend NPU) dispatch keys, call
+:func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope`: the Triton op or the AscendC kernel, as
+``VLLM_ASCEND_EXT_IMPL`` selects. Nothing here synchronises the host with the device.
 
 Importing this module registers the ops once per process; it imports nothing from vLLM.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-__all__ = ["NAMESPACE", "OP_NAME", "INPLACE_OP_NAME", "functional_op", "inplace_op", "kernel"]
+from . import impl
+from .ops import validation
+
+__all__ = [
+    "ARGS_SCHEMA",
+    "DISPATCH_KEYS",
+    "FUNCTIONAL_SCHEMA",
+    "INPLACE_OP_NAME",
+    "INPLACE_SCHEMA",
+    "NAMESPACE",
+    "OP_NAME",
+    "functional_op",
+    "inplace_op",
+    "schemas",
+    "validate_fake",
+]
 
 NAMESPACE = "vllm_ascend_ext"
 OP_NAME = "split_qkv_rmsnorm_rope"
 INPLACE_OP_NAME = OP_NAME + "_"
 
-_ARGS = (
+#: The arguments after ``qkv`` of every op of this family (functional, in place, AscendC).
+ARGS_SCHEMA = (
     "Tensor? q_weight, Tensor? k_weight, Tensor cos_sin_cache, Tensor positions, "
     "int num_q_heads, int num_kv_heads, int head_dim, float eps=1e-06, *, bool is_neox=True, "
     "Tensor? q_bias=None, Tensor? k_bias=None, float weight_offset=0.0"
 )
-FUNCTIONAL_SCHEMA = f"{OP_NAME}(Tensor qkv, {_ARGS}) -> (Tensor, Tensor)"
-INPLACE_SCHEMA = f"{INPLACE_OP_NAME}(Tensor(a!) qkv, {_ARGS}) -> ()"
+
+
+def schemas(name: str) -> tuple[str, str]:
+    """The functional and in-place schemas of op ``name`` (the in-place one is ``name + "_"``).
+
+    Parameters
+    ----------
+    name : str
+        The functional op's name, without namespace.
+
+    Returns
+    -------
+    functional, inplace : str
+        ``name(Tensor qkv, ARGS) -> (Tensor, Tensor)`` and
+        ``name_(Tensor(a!) qkv, ARGS) -> ()``, with :data:`ARGS_SCHEMA` as ``ARGS``.
+    """
+    return (f"{name}(Tensor qkv, {ARGS_SCHEMA}) -> (Tensor, Tensor)",
+            f"{name}_(Tensor(a!) qkv, {ARGS_SCHEMA}) -> ()")
+
+
+FUNCTIONAL_SCHEMA, INPLACE_SCHEMA = schemas(OP_NAME)
 
 #: Dispatch keys with a real implementation. PrivateUse1 is the key torch_npu's "npu" device uses.
 DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
 
-def kernel():
-    """The implementation of the fused prologue the ops call.
-
-    ``vllm_ascend_ext.impl.select_split_qkv_rmsnorm_rope`` (the Triton/AscendC selector, env
-    ``VLLM_ASCEND_EXT_IMPL``) when that module exists, else the Triton op
-    :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`. Both share the Python signature of the
-    Triton op.
-    """
-    try:
-        impl = importlib.import_module("vllm_ascend_ext.impl")
-    except ModuleNotFoundError as exc:
-        if exc.name != "vllm_ascend_ext.impl":
-            raise
-        impl = None
-    select = getattr(impl, "select_split_qkv_rmsnorm_rope", None) if impl is not None else None
-    if select is not None:
-        return select()
-    from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
-
-    return split_qkv_rmsnorm_rope
-
-
-def _columns(num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    return num_q_heads * head_dim, num_kv_heads * head_dim
-
-
 def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                      num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
                      k_bias=None, weight_offset=0.0):
-    q, k, _ = kernel()(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                       num_kv_heads, head_dim, eps, is_neox=is_neox, q_bias=q_bias,
-                       k_bias=k_bias, weight_offset=weight_offset, inplace=False)
+    # Looked up on the module per call: instrumentation (tests/vllm/run_tiny.py) may wrap it.
+    q, k, _ = impl.split_qkv_rmsnorm_rope(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False)
     return q, k
 
 
 def _inplace_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                   num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
                   k_bias=None, weight_offset=0.0):
-    kernel()(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
-             head_dim, eps, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias,
-             weight_offset=weight_offset, inplace=True)
+    impl.split_qkv_rmsnorm_rope(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True)
+
+
+def _hint(value) -> int:
+    """A size or stride as an int: a symbolic one's example value (read, no guard added)."""
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        if hint is None:  # unbacked: no example value to validate with
+            raise ValueError(f"split_qkv_rmsnorm_rope: a data-dependent size ({value}) cannot be validated")
+        return int(hint)
+    return value
+
+
+def _traced_example(tensor):
+    """``tensor``, or where its sizes or strides are symbolic a same-device stand-in of the traced
+    example's sizes (the validator reads sizes as ints; the real implementation still validates
+    every call at run time)."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    sizes, strides = tuple(tensor.shape), tensor.stride()
+    if not any(isinstance(v, torch.SymInt) for v in (*sizes, *strides)):
+        return tensor
+    stand_in = tensor.new_empty_strided([_hint(v) for v in sizes], [_hint(v) for v in strides])
+    return stand_in.requires_grad_() if tensor.requires_grad else stand_in
+
+
+def validate_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
+                  eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
+                  inplace=False) -> validation.Call:
+    """The op's one validator as a fake implementation runs it.
+
+    :func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope` on the same arguments, except
+    that a tensor with symbolic sizes (``torch.compile`` with dynamic shapes) is validated through
+    a stand-in of the traced example's sizes: the validator reads sizes as ints, and validating
+    the example adds no guard to the graph. Calls are validated again when they run.
+
+    Returns
+    -------
+    vllm_ascend_ext.ops.validation.Call
+        Its ``num_tokens`` is the example's; a fake output takes ``qkv.shape[0]`` instead.
+
+    Raises
+    ------
+    ValueError
+        As the validator does, naming the argument.
+    """
+    ex = _traced_example
+    return validation.split_qkv_rmsnorm_rope(
+        ex(qkv), ex(q_weight), ex(k_weight), ex(cos_sin_cache), ex(positions), num_q_heads, num_kv_heads,
+        head_dim, eps, is_neox=is_neox, q_bias=ex(q_bias), k_bias=ex(k_bias), weight_offset=weight_offset,
+        inplace=inplace)
 
 
 def _functional_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                      num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
                      k_bias=None, weight_offset=0.0):
-    q_cols, kv_cols = _columns(num_q_heads, num_kv_heads, head_dim)
+    shape = validate_fake(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False).shape
     tokens = qkv.shape[0]
-    return qkv.new_empty((tokens, q_cols)), qkv.new_empty((tokens, kv_cols))
+    return (qkv.new_empty((tokens, shape.num_q_heads * shape.head_dim)),
+            qkv.new_empty((tokens, shape.num_kv_heads * shape.head_dim)))
 
 
 def _inplace_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                   num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
                   k_bias=None, weight_offset=0.0):
+    validate_fake(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True)
     return None
 
 

@@ -1,12 +1,14 @@
 """Which implementation of ``split_qkv_rmsnorm_rope`` runs: the Triton op or the AscendC kernel.
 
-One decision, in :func:`choose_impl`, driven by ``VLLM_ASCEND_EXT_IMPL``:
+One decision, in :func:`choose_impl`, driven by ``VLLM_ASCEND_EXT_IMPL`` (read through
+:func:`vllm_ascend_ext.ops.settings.impl`, any case):
 
 ``auto`` (default)
     Triton when it can serve the call; otherwise the AscendC kernel, with one warning per
     distinct reason. Triton cannot serve when it is not installed, when the device is an NPU and
-    the installed Triton is not triton-ascend, on CPU tensors without ``TRITON_INTERPRET=1``, or
-    for a geometry whose Triton compile failed (:func:`record_triton_failure`, called by the
+    the installed Triton is not triton-ascend, on CPU tensors without Triton's interpreter
+    (``TRITON_INTERPRET`` on, by :func:`vllm_ascend_ext.ops.settings.triton_interpret`'s rules),
+    or for a geometry whose Triton compile failed (:func:`record_triton_failure`, called by the
     worker hook when it precompiles).
 ``triton``
     Always the Triton op.
@@ -18,20 +20,21 @@ GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``; i
 CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
 op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
 
-:func:`select_split_qkv_rmsnorm_rope` returns the callable the custom ops
-(:mod:`vllm_ascend_ext.custom_ops`) run: the Triton op's signature, deciding per call from
+:func:`split_qkv_rmsnorm_rope` is what the custom ops (:mod:`vllm_ascend_ext.custom_ops`) run:
+the Triton op's signature, validated by the op's one validator, then routed per call from
 tensor metadata only (no device access, no host sync).
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
+
+from .ops import settings, validation
 
 __all__ = [
     "ENV_IMPL",
@@ -39,14 +42,15 @@ __all__ = [
     "Choice",
     "ascendc_unavailable_reason",
     "choose_impl",
+    "geometry_key",
     "record_triton_failure",
     "requested_impl",
-    "select_split_qkv_rmsnorm_rope",
+    "split_qkv_rmsnorm_rope",
     "triton_unavailable_reason",
 ]
 
-ENV_IMPL = "VLLM_ASCEND_EXT_IMPL"
-IMPLS = ("auto", "triton", "ascendc")
+ENV_IMPL = settings.IMPL
+IMPLS = settings.IMPLS
 
 logger = logging.getLogger("vllm_ascend_ext")
 
@@ -63,11 +67,14 @@ class Choice:
 
 
 def requested_impl() -> str:
-    """``VLLM_ASCEND_EXT_IMPL`` (default ``auto``); ``ValueError`` naming it when invalid."""
-    value = os.environ.get(ENV_IMPL, "auto").strip().lower() or "auto"
-    if value not in IMPLS:
-        raise ValueError(f"{ENV_IMPL}={value!r}: expected one of {', '.join(IMPLS)}")
-    return value
+    """``VLLM_ASCEND_EXT_IMPL``: ``"auto"`` (default), ``"triton"`` or ``"ascendc"``.
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        A ``ValueError`` naming the variable, when the value is none of those (in any case).
+    """
+    return settings.impl()
 
 
 def geometry_key(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, dtype: torch.dtype,
@@ -95,14 +102,24 @@ def _triton_is_ascend() -> bool:
 
 
 def triton_unavailable_reason(device: torch.device, key: tuple | None = None) -> str | None:
-    """Why the Triton op cannot serve a call on ``device`` (``None`` when it can)."""
+    """Why the Triton op cannot serve a call on ``device`` (``None`` when it can).
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        When ``TRITON_INTERPRET`` holds no boolean (asked for CPU tensors only).
+    """
     if not _triton_installed():
         return "triton is not installed"
     kind = torch.device(device).type
     if kind in ("npu", "privateuseone") and not _triton_is_ascend():
         return "the installed triton is not triton-ascend, which NPU tensors need"
-    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return "CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)"
+    try:
+        validation.check_runnable(device)  # CPU tensors: the interpreter, by settings' rules
+    except settings.SettingError:
+        raise
+    except ValueError as exc:
+        return str(exc)
     if key is not None and key in _triton_failures:
         return f"the Triton kernel failed for this geometry: {_triton_failures[key]}"
     return None
@@ -128,10 +145,13 @@ def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head
         return reason
     key = _dispatch_key(device)
     if key == "PrivateUse1" and not ascendc.load_npu_library():
+        path, problem = ascendc.library_status()
+        if path is not None and problem is not None:
+            return f"the AscendC library {path} {problem}"
         return (f"the AscendC library {ascendc.LIBRARY_NAME} was not built (no CANN at install time; "
                 f"or set {ascendc.ENV_LIBRARY})")
     if not torch._C._dispatch_has_kernel_for_dispatch_key(
-            "vllm_ascend_ext::split_qkv_rmsnorm_rope_ascendc", key):
+            f"vllm_ascend_ext::{ascendc.OP_NAME}", key):
         return f"the AscendC kernel has no {key} implementation (it runs on Ascend NPUs)"
     return None
 
@@ -191,24 +211,36 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
                        f"and neither can the AscendC kernel ({ascendc_reason})")
 
 
-def _run(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
-         is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False):
-    """The Triton op's API, routed by :func:`choose_impl`."""
-    if not isinstance(qkv, torch.Tensor) or not isinstance(cos_sin_cache, torch.Tensor):
-        raise ValueError("qkv and cos_sin_cache must be tensors")
-    weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if isinstance(t, torch.Tensor))
-    rotary_dim = cos_sin_cache.shape[-1] if cos_sin_cache.dim() else 0
-    choice = choose_impl(qkv.device, dtype=qkv.dtype, head_dim=head_dim, weight_dtypes=weights,
+def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                           head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
+                           inplace=False):
+    """The Triton op's API, routed by :func:`choose_impl`: what the custom ops run.
+
+    Parameters and results are those of :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`
+    (``(q, k, v)``, v always a view of ``qkv``). The arguments go through the op's one validator
+    before anything is chosen, so a bad call fails the same way whichever implementation would
+    have served it.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument, naming it (a non-bool ``is_neox`` or ``inplace``, a tensor that
+        requires grad while grad mode is on, ...); on an invalid ``VLLM_ASCEND_EXT_IMPL``.
+    RuntimeError
+        When no implementation can serve the call (:func:`choose_impl`).
+    """
+    call = validation.split_qkv_rmsnorm_rope(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+    shape = call.shape
+    weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if t is not None)
+    choice = choose_impl(qkv.device, dtype=qkv.dtype, head_dim=shape.head_dim, weight_dtypes=weights,
                          cache_dtype=cos_sin_cache.dtype,
-                         key=geometry_key(num_q_heads, num_kv_heads, head_dim, rotary_dim, qkv.dtype, is_neox))
+                         key=geometry_key(shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
+                                          shape.rotary_dim, qkv.dtype, shape.is_neox))
     if choice.impl == "ascendc":
         from .ascendc import split_qkv_rmsnorm_rope as op
     else:
-        op = importlib.import_module("vllm_ascend_ext.ops").split_qkv_rmsnorm_rope
+        from .ops import split_qkv_rmsnorm_rope as op
     return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
               is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
-
-
-def select_split_qkv_rmsnorm_rope():
-    """The callable the custom ops run: the Triton op's signature, implementation chosen per call."""
-    return _run

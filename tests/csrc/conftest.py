@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from host_sim import OP_DIR, HostSim, build
+from host_sim import OP_DIR, HostSim, build, register_cpu_launch
 
 HERE = Path(__file__).resolve().parent
 
@@ -12,10 +12,8 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="session")
 def host_sim() -> HostSim:
     """The kernel's host build, registered as the CPU implementation of the AscendC ops."""
-    from vllm_ascend_ext import ascendc
-
     sim = HostSim(build(OP_DIR / "split_qkv_rmsnorm_rope_host_sim.cpp", "split_qkv_rmsnorm_rope_host_sim"))
-    ascendc.register_cpu_launch(sim.launch)
+    register_cpu_launch(sim.launch)
     return sim
 
 

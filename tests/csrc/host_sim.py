@@ -3,6 +3,8 @@
 :func:`build` compiles a shared library once per source hash into ``build/host_sim/<hash>/``
 (git-ignored) and reuses it; :class:`HostSim` runs the kernel through it with every tensor of the
 launch registered as global memory, keeping the byte-level read/write maps of the last launch.
+:func:`register_cpu_launch` makes that launch the CPU implementation of the AscendC torch ops:
+the proof without hardware, not a CPU backend, so it lives here and not in the package.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vllm_ascend_ext import ascendc
 from vllm_ascend_ext.ascendc import Tiling
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +155,23 @@ def byte_mask(t: torch.Tensor, region: Region) -> np.ndarray:
     for b in range(size):
         mask[offsets * size + b] = True
     return mask
+
+
+_cpu_launch: list = [None]
+_cpu_library: list = []  # the Library holding the CPU registrations, kept alive for the session
+
+
+def register_cpu_launch(launch) -> None:
+    """Register CPU implementations of both AscendC ops around ``launch`` (once; again replaces it).
+
+    ``launch(qkv, q, k, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling)``
+    is :meth:`HostSim.launch`; the implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s,
+    the ones the NPU library is registered with.
+    """
+    _cpu_launch[0] = launch
+    if _cpu_library:
+        return
+    lib = torch.library.Library("vllm_ascend_ext", "IMPL")
+    for name, inplace in ((ascendc.OP_NAME, False), (ascendc.INPLACE_OP_NAME, True)):
+        lib.impl(name, ascendc.make_impl(lambda *args: _cpu_launch[0](*args), inplace), "CPU")
+    _cpu_library.append(lib)

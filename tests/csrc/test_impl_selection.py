@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from vllm_ascend_ext import impl
+from vllm_ascend_ext.ops import reference
+from vllm_ascend_ext.ops.models import AttentionGeometry
 
 CPU = torch.device("cpu")
 
@@ -65,14 +67,22 @@ def test_forced_ascendc_names_its_limits(monkeypatch, host_sim, kwargs, match):
         impl.choose_impl(CPU, **kwargs)
 
 
-def test_forced_ascendc_without_the_library_on_npu(monkeypatch):
+@pytest.mark.parametrize("library,match", [
+    (None, "was not built"),
+    ("/nonexistent/libvllm_ascend_ext_ascendc.so", "/nonexistent/libvllm_ascend_ext_ascendc.so does not exist"),
+    ("/etc/passwd", "is not a shared library"),
+])
+def test_forced_ascendc_without_the_library_on_npu(monkeypatch, library, match):
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
-    monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", "/nonexistent/libvllm_ascend_ext_ascendc.so")
+    if library is None:
+        monkeypatch.delenv("VLLM_ASCEND_EXT_ASCENDC_LIB", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", library)
     from vllm_ascend_ext import ascendc
 
     ascendc.load_npu_library.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match="was not built"):
+        with pytest.raises(RuntimeError, match=match):
             impl.choose_impl(torch.device("privateuseone"), dtype=torch.bfloat16, head_dim=128)
     finally:
         ascendc.load_npu_library.cache_clear()
@@ -80,8 +90,63 @@ def test_forced_ascendc_without_the_library_on_npu(monkeypatch):
 
 def test_selected_callable_runs_the_ascendc_kernel(monkeypatch, host_sim):
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
-    run = impl.select_split_qkv_rmsnorm_rope()
     qkv = torch.randn(3, 4 * 64).bfloat16()
     cache = torch.randn(8, 64)
-    q, k, v = run(qkv, None, None, cache, torch.arange(3), 2, 1, 64)
+    q, k, v = impl.split_qkv_rmsnorm_rope(qkv, None, None, cache, torch.arange(3), 2, 1, 64)
     assert host_sim.tiling.numTokens == 3 and q.shape == (3, 128) and v.shape == (3, 64)
+
+
+def test_impl_names_any_case(monkeypatch, host_sim):
+    monkeypatch.setenv(impl.ENV_IMPL, "  AscendC ")
+    assert impl.requested_impl() == "ascendc"
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128).impl == "ascendc"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "ON", " True "])
+def test_interpreter_switch_by_the_settings_rules(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert impl.triton_unavailable_reason(CPU) is None
+    assert impl.choose_impl(CPU, dtype=torch.float32, head_dim=512).impl == "triton"
+
+
+@pytest.mark.parametrize("value", ["0", "off", "no"])
+def test_cpu_without_the_interpreter_is_a_reason(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert "TRITON_INTERPRET" in impl.triton_unavailable_reason(CPU)
+
+
+def test_interpreter_switch_that_does_not_parse_names_it(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "maybe")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET='maybe'"):
+        impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128)
+
+
+def _small_call():
+    gen = torch.Generator().manual_seed(11)
+    geometry = AttentionGeometry(2, 1, 64, 64)
+    return reference.make_inputs(geometry, 3, generator=gen)
+
+
+@pytest.mark.parametrize("mode", ["triton", "ascendc"])
+@pytest.mark.parametrize("bad,match", [
+    (dict(is_neox="false"), "is_neox must be a bool"),
+    (dict(inplace="no"), "inplace must be a bool"),
+    (dict(eps=float("inf")), "eps"),
+])
+def test_selector_validates_before_choosing(monkeypatch, host_sim, mode, bad, match):
+    monkeypatch.setenv(impl.ENV_IMPL, mode)
+    kwargs = _small_call()
+    before = kwargs["qkv"].clone()
+    with pytest.raises(ValueError, match=match):
+        impl.split_qkv_rmsnorm_rope(**{**kwargs, **bad})
+    assert torch.equal(kwargs["qkv"], before)
+
+
+@pytest.mark.parametrize("mode", ["triton", "ascendc"])
+def test_selector_result_matches_the_reference(monkeypatch, host_sim, mode):
+    monkeypatch.setenv(impl.ENV_IMPL, mode)
+    kwargs = _small_call()
+    want_q, want_k = reference.split_qkv_rmsnorm_rope(**kwargs)
+    q, k, _ = impl.split_qkv_rmsnorm_rope(**kwargs)
+    torch.testing.assert_close(q.double(), want_q, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(k.double(), want_k, atol=0.02, rtol=0.02)

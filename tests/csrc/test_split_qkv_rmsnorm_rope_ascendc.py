@@ -17,39 +17,17 @@ import torch
 
 from host_sim import SimViolation, byte_mask
 from vllm_ascend_ext import ascendc
+from vllm_ascend_ext.ops import reference
+from vllm_ascend_ext.ops.device import ascend_facts
+from vllm_ascend_ext.ops.models import AttentionGeometry
+from vllm_ascend_ext.ops.tiling import KernelShape
+from vllm_ascend_ext.ops.tiling import ascend as ascend_tiling
 
 #: Output error bound, in units of one ulp of the output dtype at the reference's magnitude
 #: (the kernel rounds once from fp32; its fp32 arithmetic differs from float64 far below that).
 ULP_BOUND = {torch.bfloat16: 1.0, torch.float16: 1.0}
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
 MIN_EXP = {torch.bfloat16: -126, torch.float16: -14}
-
-
-# --- independent float64 reference --------------------------------------------------------------
-def reference(qkv, q_weight, k_weight, cache, positions, hq, hkv, d, eps, is_neox, q_bias, k_bias, weight_offset):
-    """q, k in float64, written from the op's definition (no code shared with the kernel)."""
-    t = qkv.shape[0]
-    r = cache.shape[1]
-    x = qkv.double()
-    pos = positions.long().clamp(0, cache.shape[0] - 1)
-    cos = cache.double()[pos, : r // 2]
-    sin = cache.double()[pos, r // 2:]
-    outs = []
-    for first, heads, w, b in ((0, hq, q_weight, q_bias), (hq, hkv, k_weight, k_bias)):
-        h = x[:, first * d:(first + heads) * d].reshape(t, heads, d)
-        if w is not None:
-            h = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * (weight_offset + w.double())
-            if b is not None:
-                h = h + b.double()
-        y = h.clone()
-        for i in range(r // 2):
-            ia, ib = (i, i + r // 2) if is_neox else (2 * i, 2 * i + 1)
-            a, bb = h[..., ia], h[..., ib]
-            c, s = cos[:, None, i], sin[:, None, i]
-            y[..., ia] = a * c - bb * s
-            y[..., ib] = bb * c + a * s
-        outs.append(y.reshape(t, heads * d))
-    return outs
 
 
 def assert_close(out, ref, dtype):
@@ -87,6 +65,15 @@ class Case:
     def rot(self) -> int:
         return self.d if self.r is None else self.r
 
+    @property
+    def geometry(self) -> AttentionGeometry:
+        """The layer geometry (one norm flag: a q-only or k-only norm drops a weight afterwards)."""
+        return AttentionGeometry(self.hq, self.hkv, self.d, self.rot, is_neox=self.neox,
+                                 qk_norm=self.q_norm or self.k_norm, weight_offset=self.weight_offset)
+
+    def shape(self, cache_bytes: int = 4) -> KernelShape:
+        return KernelShape.of(self.geometry, self.dtype.itemsize, cache_bytes)
+
 
 CASES = [
     Case(),
@@ -115,41 +102,35 @@ CASES = [
 ]
 
 
-def make_inputs(case: Case, gen: torch.Generator):
-    """Fresh random inputs for ``case`` (qkv possibly a strided view)."""
-    width = (case.hq + 2 * case.hkv) * case.d
-    base = torch.randn(case.tokens, width + case.row_pad, generator=gen).to(case.dtype)
-    qkv = base[:, :width]
-    max_pos = 50
-    angles = torch.rand(max_pos, case.rot // 2, generator=gen, dtype=torch.float64) * 6.3
-    cache_full = torch.cat([angles.cos(), angles.sin(), torch.zeros(max_pos, case.cache_pad, dtype=torch.float64)], 1)
-    cache = cache_full.to(case.cache_dtype)[:, : case.rot]
+#: Rows of the cos/sin cache, and the positions of the out-of-range case: below 0, the first and
+#: last rows, just past the end, far past it, int32's largest.
+MAX_POSITION = 50
+SPECIAL_POSITIONS = [-5, 0, MAX_POSITION - 1, MAX_POSITION, 10 * MAX_POSITION, 3, -1, 7, 2**31 - 1, 49, 1]
+
+
+def make_inputs(case: Case, gen: torch.Generator) -> dict:
+    """Fresh random op arguments for ``case`` (``ops.reference.make_inputs``; qkv possibly a view)."""
+    kwargs = reference.make_inputs(
+        case.geometry, case.tokens, dtype=case.dtype, cache_dtype=case.cache_dtype, positions_dtype=case.pos_dtype,
+        bias=case.bias, row_padding=case.row_pad, cache_row_padding=case.cache_pad, max_position=MAX_POSITION,
+        out_of_range=False, generator=gen)
+    for tensor, normed in (("q", case.q_norm), ("k", case.k_norm)):
+        if not normed:
+            kwargs[f"{tensor}_weight"] = kwargs[f"{tensor}_bias"] = None
     if case.out_of_range:
-        positions = torch.tensor([-5, 0, max_pos - 1, max_pos, 10 * max_pos, 3, -1, 7, 2**31 - 1, 49, 1][: case.tokens])
-    else:
-        positions = torch.randint(0, max_pos, (case.tokens,), generator=gen)
-    positions = positions.to(case.pos_dtype)
-
-    def vec(on, scale=1.0):
-        return (torch.randn(case.d, generator=gen) * scale).to(case.dtype) if on else None
-
-    qw, kw = vec(case.q_norm), vec(case.k_norm)
-    qb, kb = vec(case.bias and case.q_norm, 0.5), vec(case.bias and case.k_norm, 0.5)
-    return qkv, qw, kw, cache, positions, qb, kb
+        kwargs["positions"] = torch.tensor(SPECIAL_POSITIONS[:case.tokens], dtype=case.pos_dtype)
+    return kwargs
 
 
 def run_case(case: Case, host_sim, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    qkv, qw, kw, cache, positions, qb, kb = make_inputs(case, gen)
+    kwargs = make_inputs(case, gen)
+    qkv = kwargs["qkv"]
     before = qkv.clone()
-    eps = 1e-6
-    ref_q, ref_k = reference(qkv, qw, kw, cache, positions, case.hq, case.hkv, case.d, eps, case.neox, qb, kb,
-                             case.weight_offset)
-    q, k, v = ascendc.split_qkv_rmsnorm_rope(
-        qkv, qw, kw, cache, positions, case.hq, case.hkv, case.d, eps, is_neox=case.neox, q_bias=qb, k_bias=kb,
-        weight_offset=case.weight_offset, inplace=case.inplace,
-    )
-    return dict(qkv=qkv, before=before, cache=cache, positions=positions, q=q, k=k, v=v, ref_q=ref_q, ref_k=ref_k)
+    ref_q, ref_k = reference.split_qkv_rmsnorm_rope(**kwargs)
+    q, k, v = ascendc.split_qkv_rmsnorm_rope(**kwargs, inplace=case.inplace)
+    return dict(qkv=qkv, before=before, cache=kwargs["cos_sin_cache"], positions=kwargs["positions"], q=q, k=k,
+                v=v, ref_q=ref_q, ref_k=ref_k)
 
 
 def check_memory(case: Case, host_sim, res):
@@ -224,8 +205,8 @@ def test_host_layer_runs_every_block_index(selftest_lib):
 
 
 def test_tiling_struct_layout_matches_c(host_sim):
-    fields = [name for name, _ in ascendc.Tiling._fields_]
-    assert host_sim.tiling_layout() == [ctypes.sizeof(ascendc.Tiling)] + [getattr(ascendc.Tiling, f).offset for f in fields]
+    offsets = [getattr(ascendc.Tiling, name).offset for name, _ in ascendc.Tiling._fields_]
+    assert host_sim.tiling_layout() == [ctypes.sizeof(ascendc.Tiling)] + offsets
 
 
 # --- the kernel ---------------------------------------------------------------------------------
@@ -247,7 +228,8 @@ def test_matches_float64_reference(host_sim, case):
                         q_weight=case.q_norm, k_weight=case.k_norm, q_bias=case.bias and case.q_norm,
                         k_bias=case.bias and case.k_norm, is_neox=case.neox)
     assert host_sim.ub_peak == plan.ub_bytes <= plan.ub_budget, "UB model differs from the kernel's allocation"
-    assert host_sim.blocks_run == host_sim.block_dim == plan.grid(case.tokens, case.hq, case.hkv)
+    shape = case.shape(res["cache"].element_size())
+    assert host_sim.blocks_run == host_sim.block_dim == plan.grid(shape, case.tokens)
 
 
 def small_plan(case: Case, block_tokens: int, block_heads: int, max_programs: int) -> ascendc.AscendCPlan:
@@ -271,8 +253,39 @@ def test_tile_boundaries(host_sim, block_tokens, block_heads, max_programs, toke
     assert_close(res["q"], res["ref_q"], case.dtype)
     assert_close(res["k"], res["ref_k"], case.dtype)
     check_memory(case, host_sim, res)
-    assert host_sim.blocks_run == plan.grid(tokens, case.hq, case.hkv)
-    assert host_sim.tiling.numTiles == plan.num_tiles(tokens, case.hq, case.hkv)
+    assert host_sim.blocks_run == plan.grid(case.shape(), tokens)
+    assert host_sim.tiling.numTiles == plan.num_tiles(case.shape(), tokens)
+
+
+def test_capped_grid_is_kept_off_multiples_of_the_head_blocks(host_sim):
+    # 7 q heads in blocks of 4 and 3 k heads: 3 head blocks; 5 token blocks make 15 tiles, more
+    # than the 6 cores, and 6 is a multiple of 3: every core would meet one head block only.
+    case = Case(tokens=9, hq=7, hkv=3, d=64, r=32, neox=False)
+    plan = small_plan(case, block_tokens=2, block_heads=4, max_programs=6)
+    shape = case.shape()
+    assert plan.head_blocks(shape) == 3 and plan.num_tiles(shape, case.tokens) == 15
+    assert plan.grid(shape, case.tokens) == 5
+    with ascendc.forced(plan):
+        res = run_case(case, host_sim, seed=4)
+    assert host_sim.blocks_run == host_sim.block_dim == 5
+    assert_close(res["q"], res["ref_q"], case.dtype)
+    assert_close(res["k"], res["ref_k"], case.dtype)
+    check_memory(case, host_sim, res)
+
+
+def test_planned_grid_is_the_triton_plans(host_sim):
+    # 8/1/128 on the default SoC: 5 head blocks and 40 vector cores; 10 token blocks, 50 tiles.
+    case = Case(hq=8, hkv=1, d=128)
+    plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
+    shape = case.shape()
+    triton = ascend_tiling.plan(shape, ascend_facts(None))
+    tokens = 9 * plan.block_tokens + 1
+    assert plan.num_tiles(shape, tokens) > plan.max_programs and plan.max_programs % plan.head_blocks(shape) == 0
+    assert plan.grid(shape, tokens) == triton.grid(shape, tokens) == plan.max_programs - 1
+    res = run_case(dataclasses.replace(case, tokens=tokens), host_sim, seed=6)
+    assert host_sim.blocks_run == plan.max_programs - 1
+    assert_close(res["q"], res["ref_q"], case.dtype)
+    assert_close(res["k"], res["ref_k"], case.dtype)
 
 
 def test_first_token_past_a_planned_tile(host_sim):
@@ -321,6 +334,9 @@ def test_zero_tokens(host_sim):
     (dict(bias_without_weight=True), "q_bias is only allowed together with a weight"),
     (dict(rotary_dim=3), "rotary_dim"),
     (dict(positions=torch.zeros(2, dtype=torch.int64)), "positions"),
+    (dict(is_neox="false"), "is_neox must be a bool"),
+    (dict(inplace="no"), "inplace must be a bool"),
+    (dict(eps=float("nan")), "eps"),
 ])
 def test_bad_arguments(host_sim, bad, match):
     d = bad.get("head_dim", 64)
@@ -331,8 +347,10 @@ def test_bad_arguments(host_sim, bad, match):
     positions = bad.get("positions", torch.zeros(3, dtype=torch.int64))
     qw = None if bad.get("bias_without_weight") else w
     qb = torch.zeros(d, dtype=dtype) if bad.get("bias_without_weight") else None
+    flags = {name: bad[name] for name in ("is_neox", "inplace") if name in bad}
     with pytest.raises(ValueError, match=match):
-        ascendc.split_qkv_rmsnorm_rope(qkv, qw, w, cache, positions, 2, 1, d, q_bias=qb)
+        ascendc.split_qkv_rmsnorm_rope(qkv, qw, w, cache, positions, 2, 1, d, bad.get("eps", 1e-6), q_bias=qb,
+                                       **flags)
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -350,9 +368,6 @@ def test_opcheck(host_sim, inplace):
 
 def test_plan_fits_every_model_geometry():
     from vllm_ascend_ext.ops.models import geometry_table
-    from vllm_ascend_ext.ops.tiling import KernelShape
-    from vllm_ascend_ext.ops.tiling import ascend as ascend_tiling
-    from vllm_ascend_ext.ops.device import ascend_facts
 
     for _, _, g in geometry_table():
         if g.head_dim > ascendc.MAX_HEAD_DIM:
