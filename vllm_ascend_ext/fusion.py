@@ -55,7 +55,8 @@ the pattern traces get the same treatment) and repeated split/view/slice nodes a
 
 Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues``, where M
 counts the qkv splits in the graph that look like an attention prologue (three parts, the last
-two equal; when geometries are given, of one of their widths) and N those rewritten.
+two equal; when geometries are given, of one of their widths, including the geometries the pass
+was told to count but not fuse) and N those rewritten.
 """
 
 from __future__ import annotations
@@ -529,6 +530,10 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     dtypes : sequence of torch.dtype
         Activation dtypes to trace the patterns with (the matcher re-checks the dtype of every
         candidate, so these only seed the search).
+    counted : iterable of AttentionGeometry, or callable returning one, optional
+        The geometries whose qkv splits M of the ``fused N/M`` line counts (read like
+        ``geometries``); default ``geometries``. The vLLM worker hook passes every geometry of
+        the model, so one left unfused (its Triton compile failed) shows as ``N < M``.
 
     Notes
     -----
@@ -538,8 +543,9 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     """
 
     def __init__(self, geometries, forms: Sequence[tuple[NormForm | None, RopeForm]] | None = None,
-                 dtypes: Sequence[torch.dtype] = (torch.bfloat16,)):
+                 dtypes: Sequence[torch.dtype] = (torch.bfloat16,), counted=None):
         self._geometries_src = geometries
+        self._counted_src = counted
         self._forms = list(forms) if forms is not None else None
         self._dtypes = tuple(dtypes)
         self._patterns: pm.PatternMatcherPass | None = None
@@ -552,6 +558,13 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         src = self._geometries_src() if callable(self._geometries_src) else self._geometries_src
         unique = {g: None for g in (src or ())}
         return tuple(sorted(unique, key=repr))
+
+    def counted_geometries(self) -> tuple[AttentionGeometry, ...]:
+        """The geometries whose qkv splits the ``fused N/M`` line counts (default: :meth:`geometries`)."""
+        if self._counted_src is None:
+            return self.geometries()
+        src = self._counted_src() if callable(self._counted_src) else self._counted_src
+        return tuple(src or ())
 
     def forms(self) -> list[tuple[NormForm | None, RopeForm]]:
         """The (norm, rope) spellings the pass matches."""
@@ -600,7 +613,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         geometries = self.geometries()
         canonicalize_reshapes(graph)
         merge_duplicate_views(graph)
-        total = count_prologue_candidates(graph, geometries)
+        total = count_prologue_candidates(graph, self.counted_geometries())
         try:
             fused = self._build().apply(graph) if geometries else 0
         except Exception as exc:  # noqa: BLE001 - never break the user's compile

@@ -178,6 +178,24 @@ def test_two_geometries_in_one_graph():
     _check_close(got, want, dtype)
 
 
+def test_counted_geometries_left_unfused_show_in_the_count():
+    # The worker hook fuses only the geometries whose warm-up compile worked and counts all of
+    # the model's: one left unfused is N < M in the log line.
+    torch.manual_seed(0)
+    dtype = torch.float32
+    narrow = AttentionGeometry(2, 2, 32, 32, eps=1e-6)  # other qkv widths than QWEN's
+    module = TwoLayers(QWEN, narrow, dtype)
+    qkv_a, positions = _inputs(QWEN, dtype)
+    qkv_b = torch.randn(TOKENS, narrow.qkv_width, dtype=dtype)
+    torch._dynamo.mark_dynamic(qkv_b, 0)
+    with torch.no_grad():
+        want = module(qkv_a, qkv_b, positions)
+    pass_ = QKNormRoPEFusionPass([QWEN], dtypes=(dtype,), counted=lambda: [QWEN, narrow])
+    got = _compile(module, pass_, qkv_a, qkv_b, positions)
+    assert pass_.last_counts == (1, 2)
+    _check_close(got, want, dtype)
+
+
 @pytest.mark.parametrize(
     "model_geo, pass_geo",
     [
