@@ -496,6 +496,27 @@ def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
     return gm
 
 
+def _reads_every_input(search, example_inputs, trace) -> bool:
+    """Whether ``search``, traced by ``trace``, reads every one of its inputs.
+
+    A trace that drops an input is not the prologue: ``_C.rotary_embedding`` (the ``vllm_c``
+    form) writes q and k in place and returns nothing: the outputs of the plain trace do not
+    depend on the op, nor on positions or the cache, and the pattern built from them (the
+    outputs' ancestors) is "any qkv split". The matcher finds it
+    at every split that no other pattern took (a layer whose geometry is not fused), cannot
+    bind the unused inputs and raises, which ends the pass for the whole graph. Such a form is
+    not registered.
+    """
+    gm = trace(search, example_inputs)
+    read, stack = set(), [node for node in gm.graph.nodes if node.op == "output"]
+    while stack:  # the nodes the outputs depend on: all the pattern keeps of the trace
+        node = stack.pop()
+        if node not in read:
+            read.add(node)
+            stack.extend(node.all_input_nodes)
+    return all(node in read for node in gm.graph.nodes if node.op == "placeholder")
+
+
 def _fake_mode():
     """A fresh FakeTensorMode for tracing patterns, outside any ambient fake mode or tracing."""
     from torch._guards import tracing
@@ -579,6 +600,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
             return self._patterns
         patterns = pm.PatternMatcherPass(pass_name="vllm_ascend_ext_qk_norm_rope_fusion")
         seen = set()
+        whole: dict[tuple, bool] = {}  # per form and trace: does its search read every input?
         with _fake_mode():
             for geo in geometries:
                 for norm, rope in forms:
@@ -600,6 +622,15 @@ class QKNormRoPEFusionPass(CustomGraphPass):
                     for dtype in self._dtypes:
                         for trace in traces:
                             search, replace = _pattern_fns(geo, norm, rope)
+                            form = (norm.name if norm else None, rope.name, trace.__name__)
+                            if form not in whole:
+                                whole[form] = _reads_every_input(
+                                    search, _example_inputs(geo, norm is not None, dtype), trace)
+                                if not whole[form]:
+                                    logger.debug("vllm_ascend_ext: form %s not matched: its trace "
+                                                 "drops an input", form)
+                            if not whole[form]:
+                                continue
                             pm.register_replacement(
                                 search, replace, _example_inputs(geo, norm is not None, dtype),
                                 trace, patterns, skip_duplicates=True,
