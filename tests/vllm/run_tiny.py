@@ -87,18 +87,18 @@ def randomise_weights(model) -> None:
 
 
 def _count_fused_calls() -> list:
-    """Count executions of the fused op (instrumentation: the custom op looks its kernel up
-    through ``custom_ops.kernel`` on every call)."""
-    from vllm_ascend_ext import custom_ops
+    """Count executions of the fused op (instrumentation: the custom ops look
+    ``impl.split_qkv_rmsnorm_rope`` up on every call)."""
+    from vllm_ascend_ext import impl
 
     calls = [0]
-    original = custom_ops.kernel
+    original = impl.split_qkv_rmsnorm_rope
 
-    def counting_kernel():
+    def counting(*args, **kwargs):
         calls[0] += 1
-        return original()
+        return original(*args, **kwargs)
 
-    custom_ops.kernel = counting_kernel
+    impl.split_qkv_rmsnorm_rope = counting
     return calls
 
 
