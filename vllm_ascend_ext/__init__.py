@@ -12,7 +12,9 @@ def register() -> None:
 
     Idempotent (vLLM loads plugins in every process, possibly more than once). Imports vLLM
     only when called, and nothing from vllm-ascend or torch_npu unless that platform is active.
-    ``VLLM_ASCEND_EXT_FUSION=0`` turns it off. See ``docs/vllm-integration.md``.
+    Declares our ``VLLM_*`` variables to vLLM; ``VLLM_ASCEND_EXT_FUSION=0`` turns the rest off,
+    and a value of it that is not a boolean raises a ``ValueError`` naming it (vLLM then stops).
+    See ``docs/vllm-integration.md``.
     """
     from .vllm_integration import register as _register
 

@@ -26,7 +26,9 @@ all of them are driven through ``vllm.v1.worker.worker_base.WorkerWrapperBase``)
    the plans over vLLM's world group (its CPU group, so no device sync is involved) and raises
    :class:`PlanMismatchError` naming the ranks if they disagree, then logs one summary line.
 
-``VLLM_ASCEND_EXT_FUSION=0`` turns all of it off (the op stays importable).
+Before that, :func:`register` declares our ``VLLM_*`` variables to vLLM (``vllm.envs``), so that
+vLLM's environment validation knows them. ``VLLM_ASCEND_EXT_FUSION=0`` turns the rest off (the
+op stays importable); a value that is not a boolean stops vLLM with a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -37,28 +39,27 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .ops import settings
 from .ops.models import AttentionGeometry
 
 __all__ = [
-    "ENV_FUSION",
     "PlanMismatchError",
     "WorkerState",
     "after_init_device",
     "after_load_model",
     "compare_digests",
-    "fusion_enabled",
+    "declare_environment_variables",
     "plan_digest",
     "register",
 ]
 
 logger = logging.getLogger("vllm_ascend_ext")
 
-ENV_FUSION = "VLLM_ASCEND_EXT_FUSION"
-_OFF = {"0", "false", "off", "no"}
 #: Attribute set on wrapped functions so that wrapping twice is a no-op.
 _MARK = "_vllm_ascend_ext_wrapped"
 #: Class name of vllm-ascend's own pass, replaced by ours in their pass manager.
@@ -67,11 +68,6 @@ ASCEND_QKNORM_ROPE_PASS = "QKNormRopeFusionPass"
 
 class PlanMismatchError(RuntimeError):
     """Ranks computed different launch plans for the same model (different devices or code)."""
-
-
-def fusion_enabled() -> bool:
-    """``False`` when ``VLLM_ASCEND_EXT_FUSION`` is ``0``/``false``/``off``/``no``."""
-    return os.environ.get(ENV_FUSION, "1").strip().lower() not in _OFF
 
 
 def _configure_logging() -> None:
@@ -91,18 +87,76 @@ def _configure_logging() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+#: The ``vllm.envs`` getter of each of our ``VLLM_*`` variables: the :mod:`~vllm_ascend_ext.ops.settings`
+#: reader (typed, raising ``SettingError`` on a bad value, as vLLM's own entries raise).
+_SETTING_GETTERS: dict[str, Callable[[], object]] = {
+    settings.FUSION: settings.fusion_enabled,
+    settings.IMPL: settings.impl,
+    settings.SOC: settings.soc,
+    settings.UB_BYTES: settings.ub_bytes,
+    settings.VECTOR_CORES: settings.vector_cores,
+    settings.NUM_SMS: settings.num_sms,
+    settings.ASCENDC_LIB: settings.ascendc_library,
+    settings.BUILD_ASCENDC: settings.build_ascendc,
+    settings.MSPROF_SCRIPT: settings.msprof_script,
+    settings.TEST_DEVICE: settings.test_device,
+}
+
+
+def _raw_getter(name: str) -> Callable[[], str | None]:
+    """A getter returning the raw value, as vLLM's own string entries do (for a setting that
+    has no reader in :data:`_SETTING_GETTERS`)."""
+    return lambda: os.environ.get(name)
+
+
+def declare_environment_variables() -> list[str]:
+    """Declare every ``VLLM_*`` variable of :data:`~vllm_ascend_ext.ops.settings.SETTINGS` to vLLM.
+
+    vLLM warns about (and, with the engine argument ``fail_on_environ_validation``, refuses to
+    start on) any ``VLLM_*`` variable missing from ``vllm.envs.environment_variables``
+    (``Platform.validate_environ``). Each of ours is added there with its settings reader as
+    the getter. Idempotent; an entry vLLM already has is left alone.
+
+    Returns
+    -------
+    list of str
+        The names added by this call.
+    """
+    from vllm import envs
+
+    added = []
+    for name in settings.names():
+        if name.startswith("VLLM_") and name not in envs.environment_variables:
+            envs.environment_variables[name] = _SETTING_GETTERS.get(name) or _raw_getter(name)
+            added.append(name)
+    return added
+
+
 def register() -> bool:
     """Hook into vLLM: wrap ``WorkerWrapperBase.init_device``. Idempotent.
+
+    First declares our ``VLLM_*`` variables to vLLM (:func:`declare_environment_variables`),
+    switched on or off.
 
     Returns
     -------
     bool
         Whether the hook is installed (``False``: switched off, or this vLLM lacks the seam;
         the reason is logged and vLLM runs unchanged).
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        A ``ValueError`` naming ``VLLM_ASCEND_EXT_FUSION`` and its value when that is not a
+        boolean: vLLM stops, as it does on a bad value of its own variables.
     """
     _configure_logging()
-    if not fusion_enabled():
-        logger.info("vllm_ascend_ext: fusion disabled by %s=0", ENV_FUSION)
+    try:
+        declare_environment_variables()
+    except ImportError as exc:
+        logger.warning("vllm_ascend_ext: cannot declare our variables to vLLM (%s)", exc)
+    if not settings.fusion_enabled():
+        logger.info("vllm_ascend_ext: fusion disabled by %s=0", settings.FUSION)
         return False
     try:
         from vllm.v1.worker.worker_base import WorkerWrapperBase
@@ -235,7 +289,7 @@ def after_load_model(worker, state: WorkerState) -> None:
     plans = build_plans(state.device, state.geometries, dtype)
     warm_up(state.device, state.geometries, dtype)
     state.digest = plan_digest(state.facts, plans)
-    exchange_digests(state.digest, state.rank, state.world_size)
+    exchange_digests(state.digest)
     logger.info(
         "vllm_ascend_ext: rank %d/%d on %s (%s): %d attention geometr%s [%s], plans compiled "
         "in %.2f s, digest %s agreed by all ranks",
@@ -251,10 +305,6 @@ def _facts_text(facts: dict) -> str:
         return f"{facts['name']}, {facts['num_sms']} SMs"
     return (f"{facts['soc']}, {facts['num_vector_cores']} vector cores, "
             f"{facts['ub_bytes'] // 1024} KiB UB, from {facts['source']}")
-
-
-def _cache_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype
 
 
 def _plan_cases(device: torch.device, geometries, dtype: torch.dtype):
@@ -319,16 +369,25 @@ def compare_digests(digests: list[str]) -> None:
         "of device with the same VLLM_ASCEND_EXT_* settings.")
 
 
-def exchange_digests(digest: str, rank: int, world_size: int, group=None) -> list[str]:
+def exchange_digests(digest: str) -> list[str]:
     """All-gather ``digest`` over vLLM's world group (its CPU group) and compare.
 
     Parameters
     ----------
-    group : ProcessGroup, optional
-        Defaults to vLLM's world CPU group; a single process skips the exchange.
+    digest : str
+        This rank's :func:`plan_digest`.
+
+    Returns
+    -------
+    list of str
+        Every rank's digest, by rank (only this one in a single process).
+
+    Raises
+    ------
+    PlanMismatchError
+        When the ranks' digests differ, naming the ranks.
     """
-    if group is None:
-        _, world_size, group = _world()
+    _, world_size, group = _world()
     if world_size <= 1 or group is None:
         return [digest]
     gathered: list = [None] * world_size

@@ -6,6 +6,7 @@ cache is pointed at a fresh directory so every run compiles and logs). Checked:
 * the plugin's log: ``vllm_ascend_ext: fused N/N attention prologues`` with N = the layers, the
   worker hook's summary line, and nothing of ours when switched off;
 * the fused op really ran (``fused_op_calls`` > 0) and never ran when off;
+* vLLM knows our variables: no ``Unknown vLLM environment variable`` warning for them;
 * fp32: greedy tokens identical and every logprob (generated and prompt) within ``FP32_ATOL``;
 * bf16: the unfused native RoPE rounds each product to bf16 and the fused op rounds once, so
   logits move by a few bf16 ulps; a random model has near-ties, so only the first generated
@@ -66,12 +67,18 @@ def runs(tmp_path_factory):
     return get
 
 
+def _unknown_variable_warnings(log: str) -> list[str]:
+    return [line for line in log.splitlines()
+            if "Unknown vLLM environment variable detected: VLLM_ASCEND_EXT" in line]
+
+
 def _check_on_off(on, off, on_log, off_log, geometries: int):
     assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused {LAYERS}/{LAYERS} attention prologues"]
     assert f"{geometries} attention geometr" in on_log and "agreed by all ranks" in on_log
     assert on["fused_op_calls"] > 0
     assert "fusion disabled by VLLM_ASCEND_EXT_FUSION=0" in off_log
     assert _fused_lines(off_log) == [] and off["fused_op_calls"] == 0
+    assert _unknown_variable_warnings(on_log) == [] and _unknown_variable_warnings(off_log) == []
 
 
 @pytest.mark.parametrize("model, geometries", [("qwen3", 1), ("llama", 1), ("two_geometries", 2)])

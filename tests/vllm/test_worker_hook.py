@@ -1,13 +1,17 @@
-"""The worker hook: plan digest exchange across two ranks, register(), the pass-manager swap.
+"""The worker hook: plan digest exchange across two ranks, register(), the pass-manager swap,
+and our variables as vLLM sees them.
 
 The digest exchange runs in two real processes that initialise vLLM's distributed state on gloo
 (``init_distributed_environment`` + ``ensure_model_parallel_initialized``, as every vLLM worker
 does) and call the hook's exchange over vLLM's world group. Rank 1 can be given other device
 facts (``VLLM_ASCEND_EXT_UB_BYTES``) to check that a disagreement raises on every rank.
+
+The tests that need vLLM skip without it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -15,9 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vllm_ascend_ext import vllm_integration as vi
 from vllm_ascend_ext.geometry import model_geometries
+from vllm_ascend_ext.ops import settings
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +45,7 @@ geos = [AttentionGeometry(16, 2, 128, 128), AttentionGeometry(16, 2, 128, 64, qk
 digest = vi.plan_digest(facts, vi.build_plans(device, geos, torch.bfloat16))
 rank_, world, _ = vi._world()
 try:
-    vi.exchange_digests(digest, rank_, world)
+    vi.exchange_digests(digest)
     print(f"rank {rank}: agreed {digest[:12]}", flush=True)
 except vi.PlanMismatchError as exc:
     print(f"rank {rank}: MISMATCH {exc}", flush=True)
@@ -117,16 +123,25 @@ def test_compare_digests_names_ranks():
         vi.compare_digests(["a" * 64, "b" * 64, "a" * 64])
 
 
-def test_off_switch(monkeypatch):
-    monkeypatch.setenv(vi.ENV_FUSION, "0")
-    assert not vi.fusion_enabled() and vi.register() is False
+@pytest.mark.parametrize("value", ["0", "off", "No", " FALSE "])
+def test_off_switch(monkeypatch, value):
+    monkeypatch.setenv(settings.FUSION, value)
+    assert not settings.fusion_enabled() and vi.register() is False
+
+
+@pytest.mark.parametrize("value", ["disable", "2", "of"])
+def test_bad_fusion_value_raises_naming_the_variable(monkeypatch, value):
+    # VLLM_ASCEND_EXT_FUSION=disable once meant "on" (vLLM logged fused 2/2).
+    monkeypatch.setenv(settings.FUSION, value)
+    with pytest.raises(settings.SettingError, match=f"VLLM_ASCEND_EXT_FUSION='{value}'"):
+        vi.register()
 
 
 def test_register_is_idempotent(monkeypatch):
     pytest.importorskip("vllm.distributed")  # (see _two_ranks)
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
-    monkeypatch.setenv(vi.ENV_FUSION, "1")
+    monkeypatch.setenv(settings.FUSION, "1")
     monkeypatch.setattr(WorkerWrapperBase, "init_device", WorkerWrapperBase.init_device)
     assert vi.register() and vi.register()
     wrapped = WorkerWrapperBase.init_device
@@ -161,28 +176,134 @@ def test_replace_in_pass_manager_drops_their_pass_only():
     assert [type(p).__name__ for p in manager.passes] == ["Other"]
 
 
+class _Attn(torch.nn.Module):
+    def __init__(self, hq):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_size = hq, 2, 32
+
+
+class _Rope(torch.nn.Module):
+    head_size, rotary_dim, is_neox_style = 32, 32, True
+
+
+class _Norm(torch.nn.Module):
+    variance_epsilon = 1e-6
+
+
+class _Layer(torch.nn.Module):
+    """An attention layer as :mod:`vllm_ascend_ext.geometry` reads one: ``hq``/2/32."""
+
+    def __init__(self, hq, norm=True):
+        super().__init__()
+        self.attn, self.rotary_emb = _Attn(hq), _Rope()
+        self.proj = torch.nn.Linear(2, 2, dtype=torch.bfloat16)  # the model dtype read by the hook
+        if norm:
+            self.q_norm, self.k_norm = _Norm(), _Norm()
+
+
 def test_model_geometries_reads_layers():
-    import torch
-
-    class Attn(torch.nn.Module):
-        def __init__(self, hq):
-            super().__init__()
-            self.num_heads, self.num_kv_heads, self.head_size = hq, 2, 32
-
-    class Rope(torch.nn.Module):
-        head_size, rotary_dim, is_neox_style = 32, 32, True
-
-    class Norm(torch.nn.Module):
-        variance_epsilon = 1e-6
-
-    class Layer(torch.nn.Module):
-        def __init__(self, hq, norm):
-            super().__init__()
-            self.attn, self.rotary_emb = Attn(hq), Rope()
-            if norm:
-                self.q_norm, self.k_norm = Norm(), Norm()
-
-    model = torch.nn.Sequential(Layer(4, True), Layer(2, True), Layer(4, True), Layer(4, False))
+    model = torch.nn.Sequential(_Layer(4), _Layer(2), _Layer(4), _Layer(4, norm=False))
     assert model_geometries(model) == (
         AttentionGeometry(4, 2, 32, 32, eps=1e-6), AttentionGeometry(2, 2, 32, 32, eps=1e-6),
         AttentionGeometry(4, 2, 32, 32, qk_norm=False))
+
+
+# ---- our variables as vLLM sees them --------------------------------------------------------
+
+OUR_VLLM_NAMES = [name for name in settings.names() if name.startswith("VLLM_")]
+#: A valid value of each of our VLLM_* variables, and what vllm.envs reads it as.
+VALID = {
+    settings.FUSION: ("off", False),
+    settings.IMPL: ("Triton", "triton"),
+    settings.SOC: ("ascend910b4", "Ascend910B4"),
+    settings.UB_BYTES: ("0x10000", 65536),
+    settings.VECTOR_CORES: ("20", 20),
+    settings.NUM_SMS: ("78", 78),
+    settings.ASCENDC_LIB: ("/opt/lib.so", Path("/opt/lib.so")),
+    settings.BUILD_ASCENDC: ("no", False),
+    settings.MSPROF_SCRIPT: ("/opt/msprof.sh", Path("/opt/msprof.sh")),
+    settings.TEST_DEVICE: ("CPU", "cpu"),
+}
+
+
+def test_every_vllm_variable_has_a_typed_reader():
+    assert set(vi._SETTING_GETTERS) == set(OUR_VLLM_NAMES) == set(VALID)
+
+
+@pytest.fixture
+def vllm_envs(monkeypatch):
+    """vLLM's variable table, restored afterwards; no foreign unknown VLLM_* variable set."""
+    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
+    from vllm import envs
+
+    monkeypatch.setattr(envs, "environment_variables", {k: v for k, v in envs.environment_variables.items()
+                                                        if k not in OUR_VLLM_NAMES})
+    for name in list(os.environ):
+        if name.startswith("VLLM_") and name not in envs.environment_variables:
+            monkeypatch.delenv(name)
+    return envs
+
+
+def test_vllm_knows_our_variables(vllm_envs, monkeypatch):
+    from vllm.platforms import current_platform, interface
+
+    for name, (value, _) in VALID.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="Unknown vLLM environment variable detected: VLLM_ASCEND_EXT_"):
+        current_platform.validate_environ(True)  # as vLLM was before the plugin declared them
+    assert vi.register() is False  # switched off (VALID's FUSION is "off"), variables declared
+    assert vi.declare_environment_variables() == []  # idempotent
+    current_platform.validate_environ(True)  # fail_on_environ_validation: no longer refused
+    warned = []
+    monkeypatch.setattr(interface.logger, "warning", lambda *args, **kwargs: warned.append(args))
+    current_platform.validate_environ(False)
+    assert warned == []
+    for name, (_, parsed) in VALID.items():
+        assert getattr(vllm_envs, name) == parsed
+    factors = vllm_envs.compile_factors()  # every getter called, none skipped
+    assert all(name in factors for name in OUR_VLLM_NAMES)
+
+
+def test_a_setting_without_a_reader_is_declared_raw(vllm_envs, monkeypatch):
+    extra = settings.Setting("VLLM_TEST_ONLY_UNREAD_SETTING", "anything", "unset", "test only")
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, extra))
+    monkeypatch.setenv(extra.name, " as written ")
+    assert extra.name in vi.declare_environment_variables()
+    assert vllm_envs.VLLM_TEST_ONLY_UNREAD_SETTING == " as written "
+
+
+def _vllm_process(code: str, env: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh process (vLLM loads its plugins once per process, through our
+    installed entry point) with a tiny model config in ``tmp_path``."""
+    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
+    from run_tiny import MODELS
+
+    (tmp_path / "config.json").write_text(json.dumps(MODELS["qwen3"]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_ASCEND_EXT_")} | env
+    return subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+ENGINE_CONFIG = """
+import sys
+from vllm.engine.arg_utils import EngineArgs
+for hard_fail in (False, True):
+    EngineArgs(model=sys.argv[1], skip_tokenizer_init=True,
+               fail_on_environ_validation=hard_fail).create_engine_config()
+    print("engine config built, fail_on_environ_validation", hard_fail, flush=True)
+"""
+
+
+def test_vllm_engine_accepts_our_variables(tmp_path):
+    proc = _vllm_process(ENGINE_CONFIG, {settings.FUSION: "0", settings.SOC: "ascend910b3"}, tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "engine config built, fail_on_environ_validation True" in log
+    assert "Unknown vLLM environment variable" not in log
+
+
+def test_vllm_engine_refuses_a_bad_fusion_value(tmp_path):
+    proc = _vllm_process(ENGINE_CONFIG, {settings.FUSION: "disable"}, tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "engine config built" not in log
+    assert "SettingError: VLLM_ASCEND_EXT_FUSION='disable'" in log
