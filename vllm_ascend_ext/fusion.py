@@ -36,6 +36,8 @@ rope form          graph spelling
                    Inductor's view simplification the norm output feeds it directly.
 ``vllm_c``         ``torch.ops._C.rotary_embedding(positions, q, k, D, cache, is_neox)``: vLLM's
                    in-place custom op (``+rotary_embedding``), auto-functionalised in the graph.
+                   Not registered at present: the plain trace of an in-place op does not keep
+                   it (see :func:`_reads_every_input`).
 ``npu``            ``torch.ops.vllm.npu_rotary_embedding(positions, q, k, cache, D, R, is_neox)
                    -> (q, k)`` (vllm-ascend's functional custom op).
 =================  ==========================================================================

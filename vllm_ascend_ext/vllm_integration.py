@@ -21,14 +21,18 @@ all of them are driven through ``vllm.v1.worker.worker_base.WorkerWrapperBase``)
 
 3. After ``load_model`` (the model's layers, hence its per-layer geometries as sharded on this
    rank, exist only now; the graph is compiled after this, at warm-up), :func:`after_load_model`
-   builds the launch plan of every geometry, runs the kernel once per geometry on the assigned
-   device (Triton compiles it there and then, before the first request), all-gathers a digest of
-   the plans over vLLM's world group (its CPU group, so no device sync is involved) and raises
-   :class:`PlanMismatchError` naming the ranks if they disagree, then logs one summary line.
+   runs the kernel once per geometry and launch plan on the assigned device (Triton compiles it
+   there and then, before the first request). A geometry whose compile fails is recorded
+   (:func:`vllm_ascend_ext.impl.record_triton_failure`): it stays fused, served by the AscendC
+   kernel, where that kernel can serve it, and is left unfused otherwise; one warning each. The
+   hook then all-gathers a digest of what is fused and how (the launch plans; AscendC for the
+   geometries routed there) over vLLM's world group (its CPU group, so no device sync is
+   involved), raises :class:`PlanMismatchError` naming the ranks if they disagree, and logs one
+   summary line.
 
-Before that, :func:`register` declares our ``VLLM_*`` variables to vLLM (``vllm.envs``), so that
-vLLM's environment validation knows them. ``VLLM_ASCEND_EXT_FUSION=0`` turns the rest off (the
-op stays importable); a value that is not a boolean stops vLLM with a ``ValueError`` naming it.
+:func:`register` also declares our ``VLLM_*`` variables to vLLM (``vllm.envs``), so that vLLM's
+environment validation knows them. ``VLLM_ASCEND_EXT_FUSION=0`` turns the rest off (the op stays
+importable); a value that is not a boolean stops vLLM with a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ __all__ = [
     "declare_environment_variables",
     "plan_digest",
     "register",
+    "settle_geometries",
+    "warm_up",
 ]
 
 logger = logging.getLogger("vllm_ascend_ext")
@@ -188,7 +194,13 @@ def register() -> bool:
 
 @dataclass
 class WorkerState:
-    """What the hook knows about this worker; ``geometries`` feeds the fusion pass."""
+    """What the hook knows about this worker.
+
+    ``geometries`` is what the fusion pass fuses (read when the graph compiles); ``unfused``
+    the model's other geometries (a Triton compile failed and AscendC cannot serve them), with
+    the reason, which the pass counts but leaves alone; ``ascendc`` the fused geometries the
+    AscendC kernel serves because their Triton compile failed, with the reason.
+    """
 
     device: torch.device
     backend: str
@@ -196,6 +208,8 @@ class WorkerState:
     rank: int = 0
     world_size: int = 1
     geometries: list[AttentionGeometry] = field(default_factory=list)
+    unfused: dict[AttentionGeometry, str] = field(default_factory=dict)
+    ascendc: dict[AttentionGeometry, str] = field(default_factory=dict)
     digest: str = ""
 
 
@@ -276,7 +290,15 @@ def _get_model(worker):
 
 
 def after_load_model(worker, state: WorkerState) -> None:
-    """Plan, compile and cross-check every attention geometry of the loaded model."""
+    """Compile, settle and cross-check every attention geometry of the loaded model.
+
+    Parameters
+    ----------
+    worker : vLLM worker
+        Its model is read through ``get_model()`` (else ``model_runner.model``).
+    state : WorkerState
+        This worker's state; its geometries, fallbacks and digest are set here.
+    """
     from .geometry import model_geometries
 
     model = _get_model(worker)
@@ -284,20 +306,82 @@ def after_load_model(worker, state: WorkerState) -> None:
         logger.warning("vllm_ascend_ext: cannot see the model; nothing planned")
         return
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
-    state.geometries[:] = model_geometries(model)
+    geometries = model_geometries(model)
     start = time.perf_counter()
-    plans = build_plans(state.device, state.geometries, dtype)
-    warm_up(state.device, state.geometries, dtype)
-    state.digest = plan_digest(state.facts, plans)
+    settle_geometries(state, geometries, dtype)
     exchange_digests(state.digest)
+    labels = [g.label + (" (AscendC)" if g in state.ascendc else " (unfused)" if g in state.unfused
+                         else "") for g in geometries]
     logger.info(
         "vllm_ascend_ext: rank %d/%d on %s (%s): %d attention geometr%s [%s], plans compiled "
         "in %.2f s, digest %s agreed by all ranks",
         state.rank, state.world_size, state.device, _facts_text(state.facts),
-        len(state.geometries), "y" if len(state.geometries) == 1 else "ies",
-        "; ".join(g.label for g in state.geometries), time.perf_counter() - start,
-        state.digest[:12],
+        len(geometries), "y" if len(geometries) == 1 else "ies", "; ".join(labels),
+        time.perf_counter() - start, state.digest[:12],
     )
+
+
+def settle_geometries(state: WorkerState, geometries, dtype: torch.dtype) -> None:
+    """Warm up every geometry of the model and decide what the fusion pass fuses.
+
+    A geometry whose warm-up failed (:func:`warm_up`) is recorded as a Triton failure
+    (:func:`vllm_ascend_ext.impl.record_triton_failure`; ``auto`` then routes calls of its
+    :func:`~vllm_ascend_ext.impl.geometry_key` to AscendC). It stays fused when the AscendC
+    kernel can serve it and ``VLLM_ASCEND_EXT_IMPL`` is ``auto`` (``state.ascendc``; ``triton``
+    and ``ascendc`` never fall back) and is left unfused otherwise (``state.unfused``), with one
+    warning naming the geometry and the reason. A geometry that did not fail itself
+    but shares the key of one that did is treated the same way: the op routes it alike.
+    ``state.digest`` covers what is fused and how: the launch plans of the Triton-served
+    geometries and the AscendC-served ones by name; unfused geometries are left out, so ranks
+    that fuse different sets disagree.
+
+    Parameters
+    ----------
+    state : WorkerState
+        Its ``geometries``, ``unfused``, ``ascendc`` and ``digest`` are set.
+    geometries : sequence of AttentionGeometry
+        The model's distinct geometries on this rank.
+    dtype : torch.dtype
+        The model's activation dtype.
+    """
+    from . import impl
+
+    def key(geo):
+        return impl.geometry_key(geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim,
+                                 dtype, geo.is_neox)
+
+    failures = warm_up(state.device, geometries, dtype)
+    mode = settings.impl()
+    failed_keys: dict[tuple, str] = {}
+    for geo, reason in failures.items():
+        impl.record_triton_failure(key(geo), reason)
+        failed_keys.setdefault(key(geo), f"it shares its Triton kernel key with {geo.label}: {reason}")
+    fused, unfused, ascendc = [], {}, {}
+    for geo in geometries:
+        reason = failures.get(geo) or failed_keys.get(key(geo))
+        if reason is None:
+            fused.append(geo)
+            continue
+        if mode != "auto":
+            cannot = f"{settings.IMPL}={mode} allows no fallback"
+        else:
+            cannot = impl.ascendc_unavailable_reason(
+                state.device, dtype=dtype, head_dim=geo.head_dim,
+                weight_dtypes=(dtype, dtype) if geo.qk_norm else (), cache_dtype=dtype)
+        if cannot is None:
+            fused.append(geo)
+            ascendc[geo] = reason
+            logger.warning("vllm_ascend_ext: attention geometry %s: its warm-up call failed (%s); "
+                           "the AscendC kernel serves it", geo.label, reason)
+        else:
+            unfused[geo] = f"its warm-up call failed ({reason}); no AscendC fallback ({cannot})"
+            logger.warning("vllm_ascend_ext: attention geometry %s left unfused: its warm-up call "
+                           "failed (%s) and there is no AscendC fallback (%s)", geo.label, reason, cannot)
+    state.geometries[:] = fused
+    state.unfused, state.ascendc = unfused, ascendc
+    plans = build_plans(state.device, [g for g in fused if g not in ascendc], dtype)
+    plans += [{"geometry": asdict(g), "impl": "ascendc"} for g in fused if g in ascendc]
+    state.digest = plan_digest(state.facts, plans)
 
 
 def _facts_text(facts: dict) -> str:
@@ -333,19 +417,50 @@ def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[di
     return plans
 
 
-def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> None:
+def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[AttentionGeometry, str]:
     """Run the fused op on ``device`` once per geometry and plan (CUDA has a small-batch and a
-    large plan): Triton compiles each kernel now, not inside a graph capture."""
+    large plan): Triton compiles each kernel now, not inside a graph capture.
+
+    Parameters
+    ----------
+    device : torch.device
+        The worker's device.
+    geometries : sequence of AttentionGeometry
+        The geometries to compile.
+    dtype : torch.dtype
+        The model's activation dtype.
+
+    Returns
+    -------
+    dict
+        The geometries whose call raised, each with the reason (the exception's type and the
+        first line of its message); a failed geometry's remaining plans are not run.
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        A bad ``VLLM_ASCEND_EXT_*`` value is the operator's to fix, not a compile failure.
+    """
     from . import custom_ops
 
     op = custom_ops.functional_op()
+    failures: dict[AttentionGeometry, str] = {}
     for geo, _, tokens in _plan_cases(device, geometries, dtype):
+        if geo in failures:
+            continue
         weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
         cache = torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device)
         qkv = torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device)
         positions = torch.zeros(tokens, dtype=torch.int64, device=device)
-        op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads,
-           geo.head_dim, geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
+        try:
+            op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads,
+               geo.head_dim, geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
+        except settings.SettingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run
+            lines = str(exc).strip().splitlines()
+            failures[geo] = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return failures
 
 
 def plan_digest(facts: dict, plans: list[dict]) -> str:
@@ -366,7 +481,8 @@ def compare_digests(digests: list[str]) -> None:
     raise PlanMismatchError(
         "vllm_ascend_ext: ranks computed different launch plans for the fused attention "
         f"prologue ({detail}). Every rank must run the same package version on the same kind "
-        "of device with the same VLLM_ASCEND_EXT_* settings.")
+        "of device with the same VLLM_ASCEND_EXT_* settings, and fuse the same geometries (a "
+        "Triton compile that failed on some ranks only differs too).")
 
 
 def exchange_digests(digest: str) -> list[str]:
@@ -412,7 +528,8 @@ def install_pass(vllm_config, state: WorkerState) -> None:
     previous = config.get(key)
     if getattr(previous, "is_vllm_ascend_ext_pass", False):
         return
-    config[key] = make_vllm_pass(vllm_config, lambda: state.geometries, previous)
+    config[key] = make_vllm_pass(vllm_config, lambda: state.geometries, previous,
+                                 counted=lambda: [*state.geometries, *state.unfused])
     if current_platform.device_type == "npu":  # pragma: no cover - vllm-ascend only
         from vllm.utils.import_utils import resolve_obj_by_qualname
 

@@ -24,10 +24,10 @@ class VllmQKNormRoPEFusionPass(VllmInductorPass):
 
     is_vllm_ascend_ext_pass = True
 
-    def __init__(self, vllm_config, geometries: Callable, previous=None):
+    def __init__(self, vllm_config, geometries: Callable, previous=None, counted: Callable | None = None):
         super().__init__(vllm_config)
         dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
-        self.fusion = QKNormRoPEFusionPass(geometries, dtypes=(dtype,))
+        self.fusion = QKNormRoPEFusionPass(geometries, dtypes=(dtype,), counted=counted)
         self.previous = previous
 
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -42,6 +42,24 @@ class VllmQKNormRoPEFusionPass(VllmInductorPass):
         return VllmInductorPass.hash_dict({"parts": parts})
 
 
-def make_vllm_pass(vllm_config, geometries: Callable, previous=None) -> VllmQKNormRoPEFusionPass:
-    """Build the pass for ``vllm_config``; ``geometries()`` is read when the graph compiles."""
-    return VllmQKNormRoPEFusionPass(vllm_config, geometries, previous)
+def make_vllm_pass(vllm_config, geometries: Callable, previous=None,
+                   counted: Callable | None = None) -> VllmQKNormRoPEFusionPass:
+    """Build the pass for ``vllm_config``.
+
+    Parameters
+    ----------
+    vllm_config : VllmConfig
+        The engine's config (its model dtype seeds the patterns).
+    geometries : callable
+        Returns the geometries to fuse; read when the graph compiles.
+    previous : callable, optional
+        A pass that held the same config key before; it runs first.
+    counted : callable, optional
+        Returns the geometries whose prologues the ``fused N/M`` line counts (default:
+        ``geometries``).
+
+    Returns
+    -------
+    VllmQKNormRoPEFusionPass
+    """
+    return VllmQKNormRoPEFusionPass(vllm_config, geometries, previous, counted)

