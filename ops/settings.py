@@ -31,6 +31,7 @@ __all__ = [
     "IMPLS",
     "MAX_UB_BYTES",
     "MIN_UB_BYTES",
+    "READERS",
     "SETTINGS",
     "Setting",
     "SettingError",
@@ -239,3 +240,20 @@ def test_device() -> str | None:
 def triton_interpret() -> bool:
     """``TRITON_INTERPRET`` by the same boolean rules (Triton 3.7 accepts the same words)."""
     return bool(_bool(TRITON_INTERPRET, False))
+
+
+#: The reader of each variable, by name: what vLLM is given as the variable's getter when the
+#: plugin declares our variables to it (``vllm.envs.environment_variables``).
+READERS = {
+    FUSION: fusion_enabled,
+    IMPL: impl,
+    SOC: soc,
+    UB_BYTES: ub_bytes,
+    VECTOR_CORES: vector_cores,
+    NUM_SMS: num_sms,
+    ASCENDC_LIB: ascendc_library,
+    BUILD_ASCENDC: build_ascendc,
+    MSPROF_SCRIPT: msprof_script,
+    TEST_DEVICE: test_device,
+    TRITON_INTERPRET: triton_interpret,
+}

@@ -41,9 +41,7 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -93,35 +91,15 @@ def _configure_logging() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-#: The ``vllm.envs`` getter of each of our ``VLLM_*`` variables: the :mod:`~vllm_ascend_ext.ops.settings`
-#: reader (typed, raising ``SettingError`` on a bad value, as vLLM's own entries raise).
-_SETTING_GETTERS: dict[str, Callable[[], object]] = {
-    settings.FUSION: settings.fusion_enabled,
-    settings.IMPL: settings.impl,
-    settings.SOC: settings.soc,
-    settings.UB_BYTES: settings.ub_bytes,
-    settings.VECTOR_CORES: settings.vector_cores,
-    settings.NUM_SMS: settings.num_sms,
-    settings.ASCENDC_LIB: settings.ascendc_library,
-    settings.BUILD_ASCENDC: settings.build_ascendc,
-    settings.MSPROF_SCRIPT: settings.msprof_script,
-    settings.TEST_DEVICE: settings.test_device,
-}
-
-
-def _raw_getter(name: str) -> Callable[[], str | None]:
-    """A getter returning the raw value, as vLLM's own string entries do (for a setting that
-    has no reader in :data:`_SETTING_GETTERS`)."""
-    return lambda: os.environ.get(name)
-
-
 def declare_environment_variables() -> list[str]:
     """Declare every ``VLLM_*`` variable of :data:`~vllm_ascend_ext.ops.settings.SETTINGS` to vLLM.
 
     vLLM warns about (and, with the engine argument ``fail_on_environ_validation``, refuses to
     start on) any ``VLLM_*`` variable missing from ``vllm.envs.environment_variables``
-    (``Platform.validate_environ``). Each of ours is added there with its settings reader as
-    the getter. Idempotent; an entry vLLM already has is left alone.
+    (``Platform.validate_environ``). Each of ours is added there with its reader
+    (:data:`vllm_ascend_ext.ops.settings.READERS`: typed, raising ``SettingError`` on a bad
+    value as vLLM's own entries raise) as the getter. Idempotent; an entry vLLM already has is
+    left alone.
 
     Returns
     -------
@@ -133,7 +111,7 @@ def declare_environment_variables() -> list[str]:
     added = []
     for name in settings.names():
         if name.startswith("VLLM_") and name not in envs.environment_variables:
-            envs.environment_variables[name] = _SETTING_GETTERS.get(name) or _raw_getter(name)
+            envs.environment_variables[name] = settings.READERS[name]
             added.append(name)
     return added
 

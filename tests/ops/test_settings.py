@@ -77,6 +77,10 @@ def test_facts_follow_the_environment_of_each_call(monkeypatch):
     assert device.cuda_facts(None).num_sms == 17
 
 
+def test_every_setting_has_one_reader():
+    assert set(settings.READERS) == set(settings.names())
+
+
 def test_every_known_soc_has_facts():
     assert set(settings.ASCEND_SOCS) == set(device.ASCEND_SOC_DEFAULTS)
 
