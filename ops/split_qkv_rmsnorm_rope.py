@@ -344,11 +344,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
                       k_bias=call.k_bias),
         **plan.launch_options,
     )
-    if call.inplace and not qkv.is_inference():
-        # Autograd must see the write, as after any in-place op: a graph that saved qkv then
-        # refuses to backpropagate instead of computing a wrong gradient. (Inference tensors
-        # have no version counter.)
-        torch.autograd.graph.increment_version(qkv)
+    call.mark_written(qkv)
     return q, k, v
 
 

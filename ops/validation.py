@@ -54,6 +54,14 @@ class Call:
     weight_offset: float
     inplace: bool
 
+    def mark_written(self, qkv: torch.Tensor) -> None:
+        """After an implementation has run the call: when it wrote q and k into ``qkv``, bump
+        ``qkv``'s autograd version counter, as torch's own in-place ops do (the dispatcher does
+        not for a custom ``(a!)`` op), so a graph that saved ``qkv`` refuses to backpropagate
+        instead of computing a wrong gradient. Inference tensors have no version counter."""
+        if self.inplace and self.num_tokens > 0 and not qkv.is_inference():
+            torch.autograd.graph.increment_version(qkv)
+
 
 def _count(name: str, value) -> int:
     """A positive integer (Python or numpy integers; not bools, not floats)."""

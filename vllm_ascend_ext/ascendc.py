@@ -426,11 +426,7 @@ def make_impl(launch, inplace: bool):
             t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions,
                                      device_index=qkv.device.index if qkv.device.type != "cpu" else None)
             launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, t)
-            if inplace and not qkv.is_inference():
-                # As the Triton op: the dispatcher does not bump the version of a custom op's (a!)
-                # argument, and autograd must see the write (a graph that saved qkv then refuses
-                # to backpropagate instead of computing a wrong gradient).
-                torch.autograd.graph.increment_version(qkv)
+            call.mark_written(qkv)
         return None if inplace else (q, k)
 
     return impl
