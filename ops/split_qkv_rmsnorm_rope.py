@@ -52,7 +52,7 @@ import triton.language as tl
 from . import validation
 from .tiling import KernelShape, plan_for
 
-__all__ = ["split_qkv_rmsnorm_rope"]
+__all__ = ["launch", "split_qkv_rmsnorm_rope"]
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -316,6 +316,18 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     call = validation.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+
+
+def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None):
+    """Run a call :func:`.validation.split_qkv_rmsnorm_rope` has passed (the selector in
+    ``vllm_ascend_ext.impl`` validates once, then launches through here); returns ``(q, k, v)``.
+
+    Raises
+    ------
+    ValueError
+        On CPU tensors without Triton's interpreter.
+    """
     validation.check_runnable(qkv.device)
     shape, num_tokens = call.shape, call.num_tokens
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim

@@ -65,6 +65,8 @@ class Call:
 
 def _count(name: str, value) -> int:
     """A positive integer (Python or numpy integers; not bools, not floats)."""
+    if type(value) is int and value >= 1:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     value = operator.index(value)
@@ -82,7 +84,7 @@ def _flag(name: str, value) -> bool:
 
 def _finite(name: str, value, *, non_negative: bool = False) -> float:
     """A real number that stays finite as the kernel's fp32 argument."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise ValueError(f"{name} must be a finite float, got {value!r}")
     try:
         result = float(value)
@@ -121,7 +123,8 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
     d = _count("head_dim", head_dim)
     if d % 2 or d > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {d}")
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
+    if type(rotary_dim) is not int and (isinstance(rotary_dim, bool)
+                                        or not isinstance(rotary_dim, numbers.Integral)):
         raise ValueError(f"rotary_dim must be an int, got {rotary_dim!r}")
     r = operator.index(rotary_dim)
     if r % 2 or not 2 <= r <= d:

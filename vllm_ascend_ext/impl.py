@@ -240,7 +240,9 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
                                           shape.rotary_dim, qkv.dtype, shape.is_neox))
     if choice.impl == "ascendc":
         from .ascendc import split_qkv_rmsnorm_rope as op
-    else:
-        from .ops import split_qkv_rmsnorm_rope as op
-    return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-              is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+
+        return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+                  is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+    from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
+
+    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
