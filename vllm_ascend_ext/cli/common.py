@@ -62,7 +62,7 @@ class CliParser(argparse.ArgumentParser):
     reason and a pointer to ``--help``, and exits 2.
     """
 
-    def error(self, message: str):  # noqa: D102 - argparse's hook
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
