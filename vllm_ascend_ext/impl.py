@@ -85,7 +85,8 @@ def geometry_key(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim:
 
 def record_triton_failure(key: tuple, reason: str) -> None:
     """Remember that the Triton kernel failed for ``key`` (:func:`geometry_key`): ``auto`` then
-    serves that geometry with AscendC."""
+    serves that geometry with AscendC. Whoever records a failure says so (the worker hook logs
+    one warning naming the geometry); the selector does not warn again when it routes it."""
     _triton_failures[key] = reason
 
 
@@ -205,7 +206,8 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
             raise RuntimeError(f"{ENV_IMPL}=ascendc, but {ascendc_reason}")
         return Choice("ascendc", f"{ENV_IMPL}=ascendc")
     if ascendc_reason is None:
-        _warn_once(f"vllm_ascend_ext: split_qkv_rmsnorm_rope falls back to the AscendC kernel: {triton_reason}")
+        if key not in _triton_failures:  # a recorded failure was announced where it was recorded
+            _warn_once(f"vllm_ascend_ext: split_qkv_rmsnorm_rope falls back to the AscendC kernel: {triton_reason}")
         return Choice("ascendc", f"auto: {triton_reason}")
     raise RuntimeError(f"split_qkv_rmsnorm_rope: Triton cannot serve this call ({triton_reason}) "
                        f"and neither can the AscendC kernel ({ascendc_reason})")
