@@ -163,17 +163,23 @@ def test_fused_graph_calls_the_op_and_drops_the_native_code():
     assert torch.ops.aten.index.Tensor not in targets  # so is the cos/sin gather
 
 
-def test_two_geometries_in_one_graph():
-    torch.manual_seed(0)
-    dtype = torch.float32
-    module = TwoLayers(QWEN, OTHER, dtype)
+def _two_layers(second: AttentionGeometry, dtype):
+    """A QWEN layer and a ``second`` layer in one module, their inputs, and the unfused output."""
+    module = TwoLayers(QWEN, second, dtype)
     qkv_a, positions = _inputs(QWEN, dtype)
-    qkv_b = torch.randn(TOKENS, OTHER.qkv_width, dtype=dtype)
+    qkv_b = torch.randn(TOKENS, second.qkv_width, dtype=dtype)
     torch._dynamo.mark_dynamic(qkv_b, 0)
     with torch.no_grad():
         want = module(qkv_a, qkv_b, positions)
+    return module, (qkv_a, qkv_b, positions), want
+
+
+def test_two_geometries_in_one_graph():
+    torch.manual_seed(0)
+    dtype = torch.float32
+    module, inputs, want = _two_layers(OTHER, dtype)
     pass_ = QKNormRoPEFusionPass([QWEN, OTHER], dtypes=(dtype,))
-    got = _compile(module, pass_, qkv_a, qkv_b, positions)
+    got = _compile(module, pass_, *inputs)
     assert pass_.last_counts == (2, 2)
     _check_close(got, want, dtype)
 
@@ -184,14 +190,9 @@ def test_counted_geometries_left_unfused_show_in_the_count():
     torch.manual_seed(0)
     dtype = torch.float32
     narrow = AttentionGeometry(2, 2, 32, 32, eps=1e-6)  # other qkv widths than QWEN's
-    module = TwoLayers(QWEN, narrow, dtype)
-    qkv_a, positions = _inputs(QWEN, dtype)
-    qkv_b = torch.randn(TOKENS, narrow.qkv_width, dtype=dtype)
-    torch._dynamo.mark_dynamic(qkv_b, 0)
-    with torch.no_grad():
-        want = module(qkv_a, qkv_b, positions)
+    module, inputs, want = _two_layers(narrow, dtype)
     pass_ = QKNormRoPEFusionPass([QWEN], dtypes=(dtype,), counted=lambda: [QWEN, narrow])
-    got = _compile(module, pass_, qkv_a, qkv_b, positions)
+    got = _compile(module, pass_, *inputs)
     assert pass_.last_counts == (1, 2)
     _check_close(got, want, dtype)
 
@@ -206,15 +207,10 @@ def test_a_form_whose_trace_reads_not_every_input_is_not_registered():
     dtype = torch.float32
     narrow = AttentionGeometry(2, 2, 32, 32, eps=1e-6)
     reads_no_positions = fusion.RopeForm("reads_no_positions", lambda positions, q, k, cache, d, r, neox: (q, k))
-    module = TwoLayers(QWEN, narrow, dtype)
-    qkv_a, positions = _inputs(QWEN, dtype)
-    qkv_b = torch.randn(TOKENS, narrow.qkv_width, dtype=dtype)
-    torch._dynamo.mark_dynamic(qkv_b, 0)
-    with torch.no_grad():
-        want = module(qkv_a, qkv_b, positions)
+    module, inputs, want = _two_layers(narrow, dtype)
     forms = [(fusion.NATIVE_NORM, fusion.NATIVE_ROPE), (None, reads_no_positions)]
     pass_ = QKNormRoPEFusionPass([QWEN], forms=forms, dtypes=(dtype,), counted=[QWEN, narrow])
-    got = _compile(module, pass_, qkv_a, qkv_b, positions)
+    got = _compile(module, pass_, *inputs)
     assert pass_.last_counts == (1, 2)
     _check_close(got, want, dtype)
 
