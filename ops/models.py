@@ -44,6 +44,16 @@ class AttentionGeometry:
         The norm multiplies by ``weight_offset + w`` (1.0 for Gemma-style norms).
     eps : float
         RMSNorm epsilon.
+    q_gate : bool
+        q's columns hold, per head, D values of q then D of the output gate (Qwen3-Next, Qwen3.5).
+    v_norm : bool
+        v's heads are RMS-normalised without a weight (Gemma-4).
+    mrope_section : tuple of int, optional
+        mRoPE's ``(t, h, w)`` frequency lanes per position axis, summing to ``R/2`` (Qwen-VL).
+    mrope_interleaved : bool
+        The sections are interleaved lane by lane (Qwen3-VL) rather than contiguous (Qwen2.5-VL).
+
+    ``num_kv_heads == 0`` is a q-only layer (Gemma-4's KV-shared layers project q alone).
     """
 
     num_q_heads: int
@@ -54,11 +64,21 @@ class AttentionGeometry:
     qk_norm: bool = True
     weight_offset: float = 0.0
     eps: float = 1e-6
+    q_gate: bool = False
+    v_norm: bool = False
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
 
     @property
     def qkv_width(self) -> int:
-        """Columns of the fused qkv projection output: ``(Hq + 2*Hkv) * D``."""
-        return (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+        """Columns of the fused qkv projection output: ``(Hq*(2 if q_gate else 1) + 2*Hkv) * D``."""
+        return ((2 if self.q_gate else 1) * self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    @property
+    def op_options(self) -> dict:
+        """The op's keyword arguments this geometry sets beyond the shape, norm and style."""
+        return dict(q_gate=self.q_gate, v_norm=self.v_norm, mrope_section=self.mrope_section,
+                    mrope_interleaved=self.mrope_interleaved)
 
     @property
     def label(self) -> str:
@@ -72,6 +92,12 @@ class AttentionGeometry:
             text += " nonorm"
         if self.weight_offset:
             text += f" w+{self.weight_offset:g}"
+        if self.q_gate:
+            text += " gate"
+        if self.v_norm:
+            text += " vnorm"
+        if self.mrope_section is not None:
+            text += " mrope" + ("-i" if self.mrope_interleaved else "") + ":" + ",".join(map(str, self.mrope_section))
         return text
 
 
@@ -97,7 +123,9 @@ class ModelSpec(AttentionGeometry):
         """
         if tp < 1 or self.num_q_heads % tp:
             raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_q_heads} q heads")
-        if self.num_kv_heads >= tp:
+        if self.num_kv_heads == 0:  # q-only layers stay q-only
+            kv = 0
+        elif self.num_kv_heads >= tp:
             if self.num_kv_heads % tp:
                 raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_kv_heads} kv heads")
             kv = self.num_kv_heads // tp

@@ -15,48 +15,89 @@ import torch
 __all__ = ["make_inputs", "split_qkv_rmsnorm_rope"]
 
 
+def _lane_axes(half: int, mrope_section, interleaved: bool) -> torch.Tensor:
+    """For each of the ``R/2`` frequency lanes, the position axis (0 = t, 1 = h, 2 = w) whose cache
+    row it reads: contiguous sections (vLLM's ``cos.split(mrope_section)``, section ``j`` from
+    axis ``j``), or interleaved (``apply_interleaved_rope``: lane ``i`` takes h if ``i % 3 == 1``
+    and ``i < 3*h``, w if ``i % 3 == 2`` and ``i < 3*w``, else t)."""
+    t, h, w = mrope_section
+    axes = []
+    for i in range(half):
+        if interleaved:
+            axes.append(1 if i % 3 == 1 and i < 3 * h else 2 if i % 3 == 2 and i < 3 * w else 0)
+        else:
+            axes.append(0 if i < t else 1 if i < t + h else 2)
+    return torch.tensor(axes, dtype=torch.long)
+
+
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
                            head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None,
-                           weight_offset=0.0, inplace=False):
-    """q and k of ``split_qkv_rmsnorm_rope`` in float64 (the op's signature; ``inplace`` ignored).
+                           weight_offset=0.0, inplace=False, mrope_section=None, mrope_interleaved=False,
+                           q_gate=False, v_norm=False):
+    """The outputs of ``split_qkv_rmsnorm_rope`` in float64 (the op's signature; ``inplace``
+    ignored).
 
     Per token and head: ``y = x / sqrt(mean(x**2) + eps) * (weight_offset + w) + b`` when that
     tensor has a weight, then the rotary pairs of the first ``R`` dims rotated by the cache row
-    of the clamped position; the rest pass through.
+    of the clamped position (with ``[3, T]`` positions, lane ``i`` of the row of its axis); the
+    rest pass through. With ``q_gate`` each q head of qkv is ``D`` values of q then ``D`` of the
+    gate; with ``v_norm`` v's heads are divided by their RMS; ``num_kv_heads == 0`` is q alone.
 
     Returns
     -------
-    q, k : torch.Tensor
-        float64, ``[T, Hq*D]`` and ``[T, Hkv*D]``, on qkv's device.
+    tuple of torch.Tensor
+        float64 ``q`` ``[T, Hq*D]``, ``k`` and ``v`` ``[T, Hkv*D]`` (v normalised with
+        ``v_norm``, else as in qkv), and with ``q_gate`` the gate ``[T, Hq*D]``, on qkv's device.
     """
     tokens, rotary = qkv.shape[0], cos_sin_cache.shape[1]
     half = rotary // 2
+    table = cos_sin_cache.double()
     pos = positions.long().clamp(0, cos_sin_cache.shape[0] - 1)
-    rows = cos_sin_cache.double()[pos]
-    cos, sin = rows[:, None, :half], rows[:, None, half:]
+    if pos.dim() == 2:  # [3, T]: lane i of the row of its axis
+        lanes = torch.arange(half)
+        axes = _lane_axes(half, mrope_section, mrope_interleaved).to(pos.device)
+        row_of_lane = pos[axes.to(pos.device)].T  # [T, R/2]: the position lane i reads
+        cos = table[row_of_lane, lanes.to(pos.device)][:, None, :]
+        sin = table[row_of_lane, half + lanes.to(pos.device)][:, None, :]
+    else:
+        rows = table[pos]
+        cos, sin = rows[:, None, :half], rows[:, None, half:]
     if is_neox:
         first, second = torch.arange(half), torch.arange(half, rotary)
     else:
         first, second = torch.arange(0, rotary, 2), torch.arange(1, rotary, 2)
-    outs, start = [], 0
-    for heads, weight, bias in ((num_q_heads, q_weight, q_bias), (num_kv_heads, k_weight, k_bias)):
-        x = qkv[:, start:start + heads * head_dim].double().reshape(tokens, heads, head_dim)
-        start += heads * head_dim
+    d, hq, hkv = head_dim, num_q_heads, num_kv_heads
+    x = qkv.double()
+    if q_gate:
+        q_in = x[:, :2 * hq * d].reshape(tokens, hq, 2 * d)
+        q_in, gate = q_in[..., :d], q_in[..., d:].reshape(tokens, hq * d)
+        start = 2 * hq * d
+    else:
+        q_in, gate, start = x[:, :hq * d].reshape(tokens, hq, d), None, hq * d
+    k_in = x[:, start:start + hkv * d].reshape(tokens, hkv, d)
+    v = x[:, start + hkv * d:start + 2 * hkv * d].reshape(tokens, hkv, d)
+
+    def rms(y):
+        return y / torch.sqrt((y * y).mean(dim=-1, keepdim=True) + eps)
+
+    outs = []
+    for heads, y, weight, bias in ((hq, q_in, q_weight, q_bias), (hkv, k_in, k_weight, k_bias)):
         if weight is not None:
-            x = x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * (weight_offset + weight.double())
+            y = rms(y) * (weight_offset + weight.double())
             if bias is not None:
-                x = x + bias.double()
-        y = x.clone()
-        y[..., first] = x[..., first] * cos - x[..., second] * sin
-        y[..., second] = x[..., second] * cos + x[..., first] * sin
-        outs.append(y.reshape(tokens, heads * head_dim))
-    return outs[0], outs[1]
+                y = y + bias.double()
+        rotated = y.clone()
+        rotated[..., first] = y[..., first] * cos - y[..., second] * sin
+        rotated[..., second] = y[..., second] * cos + y[..., first] * sin
+        outs.append(rotated.reshape(tokens, heads * d))
+    v = (rms(v) if v_norm else v).reshape(tokens, hkv * d)
+    return (outs[0], outs[1], v) + ((gate,) if q_gate else ())
 
 
 def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, cache_dtype=torch.float32,
                 positions_dtype=torch.int64, bias: bool = False, row_padding: int = 0,
                 cache_row_padding: int = 0, max_position: int = 97, out_of_range: bool = True,
-                generator: torch.Generator | None = None) -> dict:
+                text_positions: bool = False, generator: torch.Generator | None = None) -> dict:
     """Fresh random arguments of one ``split_qkv_rmsnorm_rope`` call, as keyword arguments.
 
     Parameters
@@ -76,6 +117,9 @@ def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, ca
         Rows of the cos/sin cache; each row is ``cos(a)``, ``sin(a)`` of random angles.
     out_of_range : bool
         Let positions fall a few rows outside ``[0, max_position)`` (the op clamps them).
+    text_positions : bool
+        For an mRoPE geometry, positions ``[T]`` (a text-only batch) instead of ``[3, T]``
+        with each axis drawn independently.
     generator : torch.Generator, optional
         CPU generator for reproducible draws; the default generator otherwise.
 
@@ -83,7 +127,9 @@ def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, ca
     -------
     dict
         ``qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
-        head_dim, eps, is_neox, q_bias, k_bias, weight_offset``.
+        head_dim, eps, is_neox, q_bias, k_bias, weight_offset`` and the geometry's
+        ``op_options`` (``q_gate, v_norm, mrope_section, mrope_interleaved``). A q-only
+        geometry (``num_kv_heads == 0``) has no k weight or bias.
     """
     g = geometry
 
@@ -92,7 +138,8 @@ def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, ca
 
     width = g.qkv_width
     qkv = randn(tokens, width + row_padding).to(device=device, dtype=dtype)[:, :width]
-    weights = [randn(g.head_dim).to(device=device, dtype=dtype) if g.qk_norm else None for _ in range(2)]
+    weights = [randn(g.head_dim).to(device=device, dtype=dtype) if g.qk_norm and heads else None
+               for heads in (g.num_q_heads, g.num_kv_heads)]
     biases = [(0.5 * randn(g.head_dim)).to(device=device, dtype=dtype) if bias and w is not None else None
               for w in weights]
     angles = torch.rand(max_position, g.rotary_dim // 2, generator=generator, dtype=torch.float64)
@@ -100,9 +147,10 @@ def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, ca
                        torch.zeros(max_position, cache_row_padding, dtype=torch.float64)], dim=1)
     cache = cache.to(device=device, dtype=cache_dtype)[:, :g.rotary_dim]
     spill = 3 if out_of_range else 0
-    positions = torch.randint(-spill, max_position + spill, (tokens,), generator=generator)
+    axes = () if g.mrope_section is None or text_positions else (3,)
+    positions = torch.randint(-spill, max_position + spill, (*axes, tokens), generator=generator)
     return dict(qkv=qkv, q_weight=weights[0], k_weight=weights[1], cos_sin_cache=cache,
                 positions=positions.to(device=device, dtype=positions_dtype),
                 num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
                 eps=g.eps, is_neox=g.is_neox, q_bias=biases[0], k_bias=biases[1],
-                weight_offset=g.weight_offset)
+                weight_offset=g.weight_offset, **g.op_options)

@@ -80,44 +80,75 @@ def _affine(x, rstd, w, b, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS: tl.constexpr):
-    """The weight (plus ``weight_offset``) and bias of both elements of every rotary pair."""
-    return (_load_affine(w_ptr, ia, i_ok, weight_offset, True, 1.0),
-            _load_affine(w_ptr, ib, i_ok, weight_offset, True, 1.0),
+def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W: tl.constexpr, BIAS: tl.constexpr):
+    """The weight (plus ``weight_offset``; 1 without a weight) and bias of both elements of every
+    rotary pair."""
+    return (_load_affine(w_ptr, ia, i_ok, weight_offset, W, 1.0),
+            _load_affine(w_ptr, ib, i_ok, weight_offset, W, 1.0),
             _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0),
             _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0))
 
 
 @triton.jit
-def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, BIAS: tl.constexpr):
-    """The weight (plus ``weight_offset``) and bias of the pass-through tail lanes ``j``."""
-    return (_load_affine(w_ptr, j, j < HEAD_DIM, weight_offset, True, 1.0),
+def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, W: tl.constexpr,
+                 BIAS: tl.constexpr):
+    """The weight (plus ``weight_offset``; 1 without a weight) and bias of the tail lanes ``j``."""
+    return (_load_affine(w_ptr, j, j < HEAD_DIM, weight_offset, W, 1.0),
             _load_affine(b_ptr, j, j < HEAD_DIM, 0.0, BIAS, 0.0))
 
 
 @triton.jit
-def _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF: tl.constexpr):
-    """The cos and sin halves of the cache rows at offsets ``rows`` ([BLOCK_T]), gathered as
-    2-D blocks, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]`` to broadcast over heads."""
+def _cos_sin_rows(cache_ptr, rows, i, ok, HALF: tl.constexpr):
+    """cos and sin of the cache rows at offsets ``rows`` ([BLOCK_T]): two 2-D blocks, fp32."""
     offs = rows[:, None] + i[None, :]
-    ok = tok_ok[:, None] & i_ok[None, :]
     cos = tl.load(cache_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     sin = tl.load(cache_ptr + offs + HALF, mask=ok, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
+def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF: tl.constexpr,
+             MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
+             INTERLEAVED: tl.constexpr):
+    """The cos and sin halves of the tile's cache rows, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]``
+    to broadcast over heads. ``rows`` ([BLOCK_T]) are the rows' offsets; with ``MROPE`` they are
+    the t axis's, ``rows_h``/``rows_w`` the h and w axes', and lane ``i`` takes its axis's row:
+    each axis's rows are gathered as whole 2-D blocks (plain masks, no per-lane addressing) and
+    each lane picks its own in registers."""
+    ok = tok_ok[:, None] & i_ok[None, :]
+    cos, sin = _cos_sin_rows(cache_ptr, rows, i, ok, HALF)
+    if MROPE:
+        if INTERLEAVED:
+            on_h = ((i % 3) == 1) & (i < 3 * SEC_H)
+            on_w = ((i % 3) == 2) & (i < 3 * SEC_W)
+        else:
+            on_h = (i >= SEC_T) & (i < SEC_T + SEC_H)
+            on_w = i >= SEC_T + SEC_H
+        cos_h, sin_h = _cos_sin_rows(cache_ptr, rows_h, i, ok, HALF)
+        cos_w, sin_w = _cos_sin_rows(cache_ptr, rows_w, i, ok, HALF)
+        cos = tl.where(on_h[None, :], cos_h, tl.where(on_w[None, :], cos_w, cos))
+        sin = tl.where(on_h[None, :], sin_h, tl.where(on_w[None, :], sin_w, sin))
     return cos[:, None, :], sin[:, None, :]
 
 
 @triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
-    rows, i, ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
+    rows, rows_h, rows_w, i, ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
     PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
-    NORM: tl.constexpr, BIAS: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
+    NORM: tl.constexpr, W: tl.constexpr, BIAS: tl.constexpr, ROPE: tl.constexpr,
+    IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
+    MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
 ):
-    """Normalise and rotate one block of heads of one tensor (q or k): load, math, store.
+    """Normalise and rotate one block of heads of one tensor (q or k), or only normalise (v:
+    ``ROPE`` off, no weight) or only copy (the gate: ``NORM`` and ``ROPE`` off): load, math, store.
 
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
+    Heads sit ``IN_HEAD_STRIDE`` columns apart in the input (``2*D`` for a gated q and its
+    gate), ``HEAD_DIM`` in the output.
     ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the first ``TAIL_W`` lanes
     of the pass-through tail. The tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
     one chunk it is held from load to store; with more, the first pass only sums its squares
@@ -128,7 +159,7 @@ def _head_block(
     """
     row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
     ab_ok = row_ok & i_ok[None, None, :]
-    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
 
     if IS_NEOX:
@@ -150,9 +181,9 @@ def _head_block(
     # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
     # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
     if NORM and TAIL_CHUNKS == 1:
-        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS)
+        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W, BIAS)
         if PASS > 0:
-            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, BIAS)
+            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, W, BIAS)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
         if PASS > 0 and TAIL_CHUNKS == 1:
@@ -163,19 +194,23 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
                              other=0.0).to(tl.float32)
                 sum_sq += tl.sum(pc * pc, axis=2)
-    if ROWS_AFTER_DATA:
+    if ROWS_AFTER_DATA and ROPE:
         # The cos/sin rows only now: their addresses wait on the positions, and by the time
         # the warp stalls on them every load of the head block is in flight.
-        cos, sin = _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF)
+        cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
+                            SEC_H, SEC_W, INTERLEAVED)
     if NORM:
         rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
         if TAIL_CHUNKS > 1:
-            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, BIAS)
+            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W, BIAS)
         a = _affine(a, rstd, w_a, b_a, BIAS)
         b = _affine(b, rstd, w_b, b_b, BIAS)
 
     out_ty = out_ptr.dtype.element_ty
-    if IS_NEOX:
+    if not ROPE:
+        tl.store(dst + ia[None, None, :], a.to(out_ty), mask=ab_ok)
+        tl.store(dst + ib[None, None, :], b.to(out_ty), mask=ab_ok)
+    elif IS_NEOX:
         tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
         tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
     else:
@@ -194,30 +229,40 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
                              other=0.0).to(tl.float32)
                 if NORM:
-                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, BIAS)
+                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, W, BIAS)
                     pc = _affine(pc, rstd, w_c, b_c, BIAS)
                 tl.store(dst + jc[None, None, :], pc.to(out_ty), mask=row_ok & jc_ok[None, None, :])
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position"])
 def _split_qkv_rmsnorm_rope_kernel(
-    qkv_ptr, q_out_ptr, k_out_ptr,
+    qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
     q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
     cache_ptr, pos_ptr,
     num_tokens, max_position,
-    qkv_stride, q_out_stride, k_out_stride, cache_stride, pos_stride,
-    eps, weight_offset,
+    qkv_stride, q_out_stride, k_out_stride, gate_out_stride, v_out_stride, cache_stride, pos_stride,
+    pos_axis_stride, eps, weight_offset,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
+    Q_GATE: tl.constexpr, V_NORM: tl.constexpr,
+    MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr,
 ):
-    # Head blocks never straddle q and k: q's come first, then k's.
+    # Head blocks never straddle tensors: q's come first, then k's, the gate's (as q's), v's (as
+    # k's); the gate's and v's exist only when they are written.
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_HQ - 1) // BLOCK_HQ
-    HEAD_BLOCKS: tl.constexpr = Q_BLOCKS + (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
+    K_BLOCKS: tl.constexpr = (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
+    K_END: tl.constexpr = Q_BLOCKS + K_BLOCKS
+    G_END: tl.constexpr = K_END + (Q_BLOCKS if Q_GATE else 0)
+    HEAD_BLOCKS: tl.constexpr = G_END + (K_BLOCKS if V_NORM else 0)
+    # Columns from one q head to the next (a gated q head is followed by its gate), where k starts.
+    Q_STRIDE: tl.constexpr = HEAD_DIM * (2 if Q_GATE else 1)
+    K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
 
     # Lanes of a head, once per program.
@@ -237,44 +282,76 @@ def _split_qkv_rmsnorm_rope_kernel(
         tok_ok = tok < num_tokens
         tok64 = tok.to(tl.int64)
 
-        # Positions as a vector, clamped into the cache: the offsets of the tile's cos/sin rows,
-        # gathered as one 2-D block here or, with ROWS_AFTER_DATA, by the head block after its
-        # own loads.
+        # Positions as vectors (one per axis with mRoPE), clamped into the cache: the offsets of
+        # the tile's cos/sin rows, gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the
+        # head block after its own loads.
         pos = tl.load(pos_ptr + tok64 * pos_stride, mask=tok_ok, other=0)
         rows = tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64) * cache_stride
+        if MROPE:
+            pos_h = tl.load(pos_ptr + pos_axis_stride + tok64 * pos_stride, mask=tok_ok, other=0)
+            pos_w = tl.load(pos_ptr + 2 * pos_axis_stride + tok64 * pos_stride, mask=tok_ok, other=0)
+            rows_h = tl.minimum(tl.maximum(pos_h, 0), max_position - 1).to(tl.int64) * cache_stride
+            rows_w = tl.minimum(tl.maximum(pos_w, 0), max_position - 1).to(tl.int64) * cache_stride
+        else:
+            rows_h = rows
+            rows_w = rows
         if ROWS_AFTER_DATA:
             cos = 0.0
             sin = 0.0
         else:
-            cos, sin = _cos_sin(cache_ptr, rows, i, i_ok, tok_ok, HALF)
+            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
+                                SEC_H, SEC_W, INTERLEAVED)
 
         # (The arms name their head vectors apart: compiled Triton requires a name bound in both
         # arms of a run-time branch to have one type, and the blocks may differ in size.)
         if head_block < Q_BLOCKS:
             q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
             _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, cache_ptr, rows, i, ia, ib, i_ok, jp,
+                        q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp,
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                        PASS, TAIL_W, TAIL_CHUNKS, Q_NORM, Q_BIAS, ROWS_AFTER_DATA)
+                        PASS, TAIL_W, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
+                        ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+        elif head_block < K_END:
+            if NUM_KV_HEADS > 0:
+                k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+                _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
+                            k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
+                            jp, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
+                            PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
+                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+        elif head_block < G_END:
+            if Q_GATE:
+                # The gate: copied out as it is, heads laid contiguous.
+                g_head = (head_block - K_END) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+                _head_block(qkv_ptr + HEAD_DIM, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS,
+                            qkv_stride, gate_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i,
+                            i, i + HALF, i_ok, jp, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
+                            HALF_PAD, True, PASS, TAIL_W, TAIL_CHUNKS, False, False, False, False,
+                            Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
         else:
-            k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-            _head_block(qkv_ptr + NUM_Q_HEADS * HEAD_DIM, k_out_ptr, tok64, tok_ok, k_head,
-                        NUM_KV_HEADS, qkv_stride, k_out_stride, cos, sin, cache_ptr, rows, i, ia, ib,
-                        i_ok, jp, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD,
-                        IS_NEOX, PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_BIAS, ROWS_AFTER_DATA)
+            if V_NORM:
+                # v: RMS-normalised without a weight, not rotated.
+                v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+                _head_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok,
+                            v_head, NUM_KV_HEADS, qkv_stride, v_out_stride, cos, sin, cache_ptr, rows,
+                            rows_h, rows_w, i, i, i + HALF, i_ok, jp, k_w_ptr, k_b_ptr, weight_offset,
+                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_CHUNKS, True, False,
+                            False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
+                            INTERLEAVED)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
                            num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
                            is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
-                           inplace=False):
+                           inplace=False, mrope_section=None, mrope_interleaved=False,
+                           q_gate=False, v_norm=False):
     """Split a fused qkv projection, RMS-normalise q and k per head, apply rotary embedding.
 
     Parameters
     ----------
     qkv : torch.Tensor
-        ``[T, (Hq + 2*Hkv) * D]``, bf16, fp16 or fp32; last dim contiguous, row stride may be
-        larger than the width (a view).
+        ``[T, (Hq + 2*Hkv) * D]`` (``[T, (2*Hq + 2*Hkv) * D]`` with ``q_gate``), bf16, fp16 or
+        fp32; last dim contiguous, row stride may be larger than the width (a view).
     q_weight, k_weight : torch.Tensor or None
         ``[D]`` RMSNorm weights (bf16, fp16 or fp32), or ``None``: that tensor is not
         normalised (split + RoPE only).
@@ -282,11 +359,14 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         ``[max_position, R]``, fp32, bf16 or fp16; row ``p`` is ``cos`` (``R/2`` values) then
         ``sin`` (``R/2`` values). ``R`` is even with ``2 <= R <= D``.
     positions : torch.Tensor
-        ``[T]`` int32 or int64. Values outside ``[0, max_position)`` are clamped into it.
+        ``[T]``, or ``[3, T]`` (mRoPE's t/h/w axes, with ``mrope_section``); int32 or int64.
+        Values outside ``[0, max_position)`` are clamped into it.
     num_q_heads, num_kv_heads, head_dim : int
-        ``Hq``, ``Hkv`` (>= 1) and the even head size ``D <= 512``.
+        ``Hq >= 1``, ``Hkv >= 0`` and the even head size ``D <= 512``. ``Hkv == 0`` is a q-only
+        layer (Gemma-4's KV-shared layers): qkv is q alone, k and v are ``[T, 0]``, and
+        ``k_weight``/``k_bias`` must be ``None``.
     eps : float
-        RMSNorm epsilon.
+        RMSNorm epsilon (also v's with ``v_norm``).
     is_neox : bool
         ``True``: rotate the halves of the first ``R`` dims; ``False``: GPT-J, rotate adjacent
         pairs.
@@ -295,7 +375,20 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     weight_offset : float
         The norm multiplies by ``weight_offset + weight`` (1.0 for Gemma-style norms).
     inplace : bool
-        ``True``: q and k are written into ``qkv`` and returned as views of it.
+        ``True``: q and k (and v with ``v_norm``) are written into ``qkv`` and returned as views
+        of it. Not with ``q_gate``.
+    mrope_section : sequence of three int, optional
+        mRoPE's ``(t, h, w)`` frequency lanes, summing to ``R/2``: with ``[3, T]`` positions,
+        lane ``i`` reads the cache row of its axis's position. With ``[T]`` positions every axis
+        is that position (a text-only batch), which is plain RoPE.
+    mrope_interleaved : bool
+        The sections interleave (Qwen3-VL: lane ``i`` is h if ``i % 3 == 1 and i < 3*h``, w if
+        ``i % 3 == 2 and i < 3*w``, else t) instead of following each other (Qwen2.5-VL).
+    q_gate : bool
+        Each q head of qkv is ``D`` values of q then ``D`` of the gate (Qwen3-Next / Qwen3.5);
+        the gate is returned too, copied out contiguous.
+    v_norm : bool
+        v's heads are RMS-normalised without a weight (Gemma-4) and written.
 
     Returns
     -------
@@ -304,7 +397,10 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     k : torch.Tensor
         ``[T, Hkv*D]`` in qkv's dtype (a view of ``qkv`` when ``inplace``).
     v : torch.Tensor
-        ``[T, Hkv*D]``, always a view of ``qkv``; never read, written or copied.
+        ``[T, Hkv*D]``: a view of ``qkv``, never read, written or copied; with ``v_norm``
+        normalised, a new tensor (a view of ``qkv`` when ``inplace``).
+    gate : torch.Tensor
+        Only with ``q_gate``: ``[T, Hq*D]``, the gate's values, contiguous.
 
     Raises
     ------
@@ -315,13 +411,15 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     """
     call = validation.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
     return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
 
 
 def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None):
     """Run a call :func:`.validation.split_qkv_rmsnorm_rope` has passed (the selector in
-    ``vllm_ascend_ext.impl`` validates once, then launches through here); returns ``(q, k, v)``.
+    ``vllm_ascend_ext.impl`` validates once, then launches through here); returns ``(q, k, v)``,
+    and the gate after them with ``q_gate``.
 
     Raises
     ------
@@ -331,18 +429,24 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
     validation.check_runnable(qkv.device)
     shape, num_tokens = call.shape, call.num_tokens
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    v = qkv[:, q_cols + kv_cols:]
+    k_col = shape.num_q_heads * shape.q_head_stride
+    v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
     if call.inplace:
-        q, k = qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
+        q, k = qkv[:, :q_cols], qkv[:, k_col:k_col + kv_cols]
     else:
         q = _new_output(qkv, num_tokens, q_cols)
         k = _new_output(qkv, num_tokens, kv_cols)
+        if call.v_norm:
+            v = _new_output(qkv, num_tokens, kv_cols)
+    gate = _new_output(qkv, num_tokens, q_cols) if call.q_gate else None
+    outputs = (q, k, v) + ((gate,) if call.q_gate else ())
     if num_tokens == 0:
-        return q, k, v
+        return outputs
 
     plan = plan_for(qkv.device, shape, num_tokens)
     _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
         qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k,
+        gate_out_ptr=q if gate is None else gate, v_out_ptr=v,
         q_w_ptr=qkv if q_weight is None else q_weight,
         k_w_ptr=qkv if k_weight is None else k_weight,
         q_b_ptr=qkv if q_bias is None else q_bias,
@@ -350,24 +454,31 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         cache_ptr=cos_sin_cache, pos_ptr=positions,
         num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
         qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0),
-        cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(0),
+        gate_out_stride=q.stride(0) if gate is None else gate.stride(0), v_out_stride=v.stride(0),
+        cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(-1),
+        pos_axis_stride=positions.stride(0) if shape.mrope else 0,
         eps=call.eps, weight_offset=call.weight_offset,
         **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
-                      k_bias=call.k_bias),
+                      k_bias=call.k_bias, mrope_section=call.mrope_section,
+                      mrope_interleaved=call.mrope_interleaved),
         **plan.launch_options,
     )
     call.mark_written(qkv)
-    return q, k, v
+    return outputs
 
 
 def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,
-                k_bias: bool) -> dict:
-    """The kernel's compile-time arguments for one layer geometry, feature set and plan."""
+                k_bias: bool, mrope_section=None, mrope_interleaved: bool = False) -> dict:
+    """The kernel's compile-time arguments for one layer geometry, feature set and plan
+    (``mrope_section`` is used when ``shape.mrope``)."""
+    sec_t, sec_h, sec_w = mrope_section if shape.mrope else (0, 0, 0)
     return dict(
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
         TAIL_W=plan.tail_width(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
         IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,
+        Q_GATE=shape.q_gate, V_NORM=shape.v_norm, MROPE=shape.mrope, SEC_T=sec_t, SEC_H=sec_h,
+        SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         ROWS_AFTER_DATA=plan.rows_after_data,
     )
@@ -379,9 +490,10 @@ def _signature(dtype: str, cache_dtype: str) -> dict:
     (``"bf16"``, ``"fp16"``, ``"fp32"``); positions int64."""
     tensor, cache = f"*{dtype}", f"*{cache_dtype}"
     return {
-        "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "q_w_ptr": tensor,
-        "k_w_ptr": tensor, "q_b_ptr": tensor, "k_b_ptr": tensor, "cache_ptr": cache,
-        "pos_ptr": "*i64", "num_tokens": "i32", "max_position": "i32", "qkv_stride": "i32",
-        "q_out_stride": "i32", "k_out_stride": "i32", "cache_stride": "i32", "pos_stride": "i32",
-        "eps": "fp32", "weight_offset": "fp32",
+        "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "gate_out_ptr": tensor,
+        "v_out_ptr": tensor, "q_w_ptr": tensor, "k_w_ptr": tensor, "q_b_ptr": tensor,
+        "k_b_ptr": tensor, "cache_ptr": cache, "pos_ptr": "*i64", "num_tokens": "i32",
+        "max_position": "i32", "qkv_stride": "i32", "q_out_stride": "i32", "k_out_stride": "i32",
+        "gate_out_stride": "i32", "v_out_stride": "i32", "cache_stride": "i32", "pos_stride": "i32",
+        "pos_axis_stride": "i32", "eps": "fp32", "weight_offset": "fp32",
     }

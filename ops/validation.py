@@ -29,7 +29,7 @@ import torch
 from . import settings
 from .tiling import KernelShape
 
-__all__ = ["Call", "MAX_HEAD_DIM", "check_runnable", "geometry", "split_qkv_rmsnorm_rope"]
+__all__ = ["Call", "MAX_HEAD_DIM", "check_runnable", "geometry", "mrope_section_of", "split_qkv_rmsnorm_rope"]
 
 #: Largest head the op serves: one head's tile row of 512 lanes (plus padding) is what the
 #: Ascend UB model and the CUDA register budget were sized and checked for.
@@ -53,6 +53,27 @@ class Call:
     eps: float
     weight_offset: float
     inplace: bool
+    #: mRoPE's (t, h, w) lanes when positions are ``[3, T]``; ``None`` for one position per token
+    #: (including a text-only mRoPE call with ``[T]`` positions: every axis equal is plain RoPE).
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
+
+    @property
+    def q_gate(self) -> bool:
+        return self.shape.q_gate
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The call's optional variants by name, for implementations to say which they serve:
+        ``"mrope"`` (``[3, T]`` positions), ``"q_gate"``, ``"v_norm"``, ``"q_only"``
+        (``num_kv_heads == 0``)."""
+        s = self.shape
+        return frozenset(name for name, on in (("mrope", s.mrope), ("q_gate", s.q_gate),
+                                                ("v_norm", s.v_norm), ("q_only", s.num_kv_heads == 0)) if on)
+
+    @property
+    def v_norm(self) -> bool:
+        return self.shape.v_norm
 
     def mark_written(self, qkv: torch.Tensor) -> None:
         """After an implementation has run the call: when it wrote q and k into ``qkv``, bump
@@ -63,15 +84,16 @@ class Call:
             torch.autograd.graph.increment_version(qkv)
 
 
-def _count(name: str, value) -> int:
-    """A positive integer (Python or numpy integers; not bools, not floats)."""
-    if type(value) is int and value >= 1:  # the common case, without the ABC checks below
+def _count(name: str, value, least: int = 1) -> int:
+    """An integer of at least ``least`` (Python or numpy integers; not bools, not floats)."""
+    what = "a positive int" if least == 1 else f"an int >= {least}"
+    if type(value) is int and value >= least:  # the common case, without the ABC checks below
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     value = operator.index(value)
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return value
 
 
@@ -98,13 +120,14 @@ def _finite(name: str, value, *, non_negative: bool = False) -> float:
 
 
 def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, elem_bytes: int = 2,
-             cache_bytes: int = 4) -> KernelShape:
+             cache_bytes: int = 4, q_gate=False, v_norm=False, mrope=False) -> KernelShape:
     """Check a layer geometry; return its :class:`KernelShape`.
 
     Parameters
     ----------
     num_q_heads, num_kv_heads : int
-        Heads of q and of k on one rank (``>= 1``; numpy integers are accepted).
+        Heads of q (``>= 1``) and of k (``>= 0``; 0 is a q-only layer) on one rank (numpy
+        integers are accepted).
     head_dim : int
         ``D``: even, at most :data:`MAX_HEAD_DIM`.
     rotary_dim : int
@@ -113,13 +136,15 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
         NeoX (``True``) or GPT-J rotary.
     elem_bytes, cache_bytes : int
         Element sizes of qkv and of the cos/sin cache.
+    q_gate, v_norm, mrope : bool
+        q's heads carry a gate; v is normalised; positions are ``[3, T]`` (mRoPE).
 
     Raises
     ------
     ValueError
         Naming the argument that is out of range.
     """
-    hq, hkv = _count("num_q_heads", num_q_heads), _count("num_kv_heads", num_kv_heads)
+    hq, hkv = _count("num_q_heads", num_q_heads), _count("num_kv_heads", num_kv_heads, least=0)
     d = _count("head_dim", head_dim)
     if d % 2 or d > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {d}")
@@ -130,9 +155,33 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
     if r % 2 or not 2 <= r <= d:
         raise ValueError(f"rotary_dim (cos_sin_cache's last dim) must be even and in [2, head_dim={d}], "
                          f"got {r}")
+    v_norm = _flag("v_norm", v_norm)
+    if v_norm and hkv == 0:
+        raise ValueError("v_norm needs v: a q-only layer (num_kv_heads=0) has none")
     return KernelShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=r,
                        elem_bytes=elem_bytes, cache_bytes=cache_bytes,
-                       is_neox=_flag("is_neox", is_neox))
+                       is_neox=_flag("is_neox", is_neox), q_gate=_flag("q_gate", q_gate),
+                       v_norm=v_norm, mrope=_flag("mrope", mrope))
+
+
+def mrope_section_of(mrope_section, rotary_dim: int) -> tuple[int, int, int] | None:
+    """mRoPE's ``(t, h, w)`` frequency lanes as a tuple (``None`` stays ``None``).
+
+    Raises
+    ------
+    ValueError
+        Unless three non-negative ints summing to ``rotary_dim / 2``.
+    """
+    if mrope_section is None:
+        return None
+    if isinstance(mrope_section, (str, bytes)) or not hasattr(mrope_section, "__len__") \
+            or len(mrope_section) != 3:
+        raise ValueError(f"mrope_section must be three ints (t, h, w), got {mrope_section!r}")
+    section = tuple(_count("mrope_section", v, least=0) for v in mrope_section)
+    if sum(section) != rotary_dim // 2:
+        raise ValueError(f"mrope_section {list(section)} must sum to rotary_dim/2 = {rotary_dim // 2}, "
+                         f"the frequency lanes of cos_sin_cache's rows")
+    return section
 
 
 def _tensor(name: str, tensor, device) -> torch.Tensor:
@@ -158,7 +207,8 @@ def _vector(name: str, tensor, length: int, device) -> None:
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
                            head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None,
-                           weight_offset=0.0, inplace=False) -> Call:
+                           weight_offset=0.0, inplace=False, mrope_section=None,
+                           mrope_interleaved=False, q_gate=False, v_norm=False) -> Call:
     """Check one call of the op (its exact signature); return what the kernel is compiled for.
 
     Raises
@@ -169,7 +219,8 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
         never leave a silently wrong gradient.
     """
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2:
-        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads + 2*num_kv_heads) * head_dim]")
+        raise ValueError("qkv must be a 2-D tensor [T, (num_q_heads*(2 if q_gate else 1) + 2*num_kv_heads) "
+                         "* head_dim]")
     device = qkv.device
     _tensor("qkv", qkv, None)
     if qkv.dtype not in DTYPES:
@@ -182,12 +233,20 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
         raise ValueError(f"cos_sin_cache must be fp32, bf16 or fp16, got {cache.dtype}")
     if cache.stride(1) != 1:
         raise ValueError("cos_sin_cache must have a contiguous last dim")
+    _tensor("positions", positions, device)
+    mrope = positions.dim() == 2
     shape = geometry(num_q_heads, num_kv_heads, head_dim, cache.shape[1], is_neox=is_neox,
-                     elem_bytes=qkv.element_size(), cache_bytes=cache.element_size())
-    width = (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim
+                     elem_bytes=qkv.element_size(), cache_bytes=cache.element_size(), q_gate=q_gate,
+                     v_norm=v_norm, mrope=mrope)
+    section = mrope_section_of(mrope_section, shape.rotary_dim)
+    mrope_interleaved = _flag("mrope_interleaved", mrope_interleaved)
+    if mrope_interleaved and section is None:
+        raise ValueError("mrope_interleaved=True needs mrope_section")
+    width = shape.qkv_width
     if qkv.shape[1] != width:
+        gated = f", q_gate={shape.q_gate}" if shape.q_gate else ""
         raise ValueError(f"qkv has {qkv.shape[1]} columns; num_q_heads={shape.num_q_heads}, "
-                         f"num_kv_heads={shape.num_kv_heads}, head_dim={shape.head_dim} need {width}")
+                         f"num_kv_heads={shape.num_kv_heads}, head_dim={shape.head_dim}{gated} need {width}")
     if qkv.stride(1) != 1 or (qkv.shape[0] > 1 and qkv.stride(0) < width):
         raise ValueError("qkv must have a contiguous last dim and a row stride of at least its width")
     for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
@@ -198,18 +257,27 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
             if weight is None:
                 raise ValueError(f"{name} is only allowed together with a weight")
             _vector(name, bias, shape.head_dim, device)
-    _tensor("positions", positions, device)
-    if positions.dim() != 1:
-        raise ValueError(f"positions must be a 1-D tensor [T], got shape {list(positions.shape)}")
-    if positions.shape[0] != qkv.shape[0]:
-        raise ValueError(f"positions has {positions.shape[0]} entries, qkv has {qkv.shape[0]} tokens")
+    if shape.num_kv_heads == 0:
+        for name, value in (("k_weight", k_weight), ("k_bias", k_bias)):
+            if value is not None:
+                raise ValueError(f"{name} must be None in a q-only layer (num_kv_heads=0)")
+    if positions.dim() not in (1, 2) or (mrope and positions.shape[0] != 3):
+        raise ValueError(f"positions must be [T], or [3, T] with mrope_section, got shape {list(positions.shape)}")
+    if mrope and section is None:
+        raise ValueError("positions is [3, T] (mRoPE's t/h/w axes) but mrope_section is not given")
+    if positions.shape[-1] != qkv.shape[0]:
+        raise ValueError(f"positions has {positions.shape[-1]} tokens, qkv has {qkv.shape[0]}")
     if positions.dtype not in POSITION_DTYPES:
         raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
+    inplace = _flag("inplace", inplace)
+    if inplace and shape.q_gate:
+        raise ValueError("inplace=True cannot be combined with q_gate=True: q's heads sit 2*head_dim apart "
+                         "in qkv, so q written in place is no [T, num_q_heads*head_dim] tensor")
     return Call(shape=shape, num_tokens=qkv.shape[0], q_norm=q_weight is not None,
                 k_norm=k_weight is not None, q_bias=q_bias is not None, k_bias=k_bias is not None,
                 eps=_finite("eps", eps, non_negative=True),
-                weight_offset=_finite("weight_offset", weight_offset),
-                inplace=_flag("inplace", inplace))
+                weight_offset=_finite("weight_offset", weight_offset), inplace=inplace,
+                mrope_section=section if mrope else None, mrope_interleaved=mrope and mrope_interleaved)
 
 
 def check_runnable(device: torch.device) -> None:

@@ -275,7 +275,7 @@ def forced(plan_: AscendCPlan):
 
 def unsupported_reason(
     dtype: torch.dtype, head_dim: int, *, weight_dtypes: tuple[torch.dtype, ...] = (),
-    cache_dtype: torch.dtype | None = None,
+    cache_dtype: torch.dtype | None = None, features: frozenset[str] = frozenset(),
 ) -> str | None:
     """Why the AscendC kernel cannot serve a call (``None`` when it can).
 
@@ -284,6 +284,8 @@ def unsupported_reason(
     be bf16, fp16 or fp32. The Triton op also takes fp32 qkv, weights of another dtype and
     ``head_dim`` up to 512.
     """
+    if features:
+        return f"the AscendC kernel does not serve {', '.join(sorted(features))}"
     if dtype not in SUPPORTED_DTYPES:
         return f"the AscendC kernel supports bf16/fp16 qkv, not {dtype}"
     if head_dim > MAX_HEAD_DIM:

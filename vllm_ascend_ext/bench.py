@@ -107,35 +107,61 @@ def default_providers(device_type: str) -> tuple[str, ...]:
 
 
 def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
-                     head_dim, eps, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+                     head_dim, eps, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
+                     mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
     """The prologue as vLLM runs it unfused: split -> view -> RMSNorm -> view -> RoPE.
 
     The ``eager`` provider (and, compiled, ``compile``); it rounds to qkv's dtype after the norm
     as vLLM does, so it is a provider, not the reference (``ops.reference`` is). Positions must
-    lie in the cache (``index_select`` does not clamp).
+    lie in the cache (``index_select`` does not clamp). The gated q is split with
+    ``view(T, Hq, 2*D).chunk(2, -1)`` and both halves reshaped (a copy each), v normalised by
+    ``RMSNorm(has_weight=False)``'s math, mRoPE's rows selected per section as
+    ``MRotaryEmbedding.forward_native`` does: the spellings of vLLM 0.32's models.
     """
     q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
-    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    gate = None
+    if q_gate:
+        q_gate_cols, k, v = qkv.split([2 * q_size, kv_size, kv_size], dim=-1)
+        q, gate = q_gate_cols.reshape(qkv.shape[0], num_q_heads, 2 * head_dim).chunk(2, dim=-1)
+        q, gate = q.reshape(qkv.shape[0], q_size), gate.reshape(qkv.shape[0], q_size)
+    else:
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
 
-    def rms_norm(x, weight, bias):
-        if weight is None:
-            return x
+    def rms_norm(x, weight, bias, offset=weight_offset):
         heads = x.view(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
         compute = torch.promote_types(x.dtype, torch.float32)
         xf = heads.to(compute)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-        out = xf.to(x.dtype) * (weight_offset + weight.to(compute)).to(x.dtype)
+        out = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+        if weight is not None:
+            out = out * (offset + weight.to(compute)).to(x.dtype)
         if bias is not None:
             out = out + bias
-        return out.view(x.shape)
+        return out.reshape(x.shape)
 
-    q, k = rms_norm(q, q_weight, q_bias), rms_norm(k, k_weight, k_bias)
+    if q_weight is not None:
+        q = rms_norm(q, q_weight, q_bias)
+    if k_weight is not None:
+        k = rms_norm(k, k_weight, k_bias)
+    if v_norm:
+        v = rms_norm(v, None, None)
     rotary_dim = cos_sin_cache.shape[1]
-    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    cos, sin = cos_sin_cache.index_select(0, positions.flatten()).view(
+        *positions.shape, rotary_dim).chunk(2, dim=-1)
+    if positions.dim() == 2:  # [3, T, R/2] -> [T, R/2], each lane from its axis
+        if mrope_interleaved:
+            def pick(x):
+                out = x[0].clone()
+                out[..., 1:mrope_section[1] * 3:3] = x[1, ..., 1:mrope_section[1] * 3:3]
+                out[..., 2:mrope_section[2] * 3:3] = x[2, ..., 2:mrope_section[2] * 3:3]
+                return out
+        else:
+            def pick(x):
+                return torch.cat([part[i] for i, part in enumerate(x.split(list(mrope_section), dim=-1))], dim=-1)
+        cos, sin = pick(cos), pick(sin)
     cos, sin = cos.unsqueeze(-2).to(qkv.dtype), sin.unsqueeze(-2).to(qkv.dtype)
 
     def rope(x):
-        heads = x.view(x.shape[0], -1, head_dim)
+        heads = x.reshape(x.shape[0], -1, head_dim)
         rot, tail = heads[..., :rotary_dim], heads[..., rotary_dim:]
         if is_neox:
             x1, x2 = rot.chunk(2, dim=-1)
@@ -145,7 +171,7 @@ def unfused_prologue(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_he
             rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         return torch.cat((rot, tail), dim=-1).reshape(x.shape)
 
-    return rope(q), rope(k), v
+    return (rope(q), rope(k), v) + ((gate,) if q_gate else ())
 
 
 #: Rows of the benchmark's cos/sin cache (positions are drawn inside it).
@@ -182,7 +208,8 @@ def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int =
 
 
 def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4) -> int:
-    """The fewest bytes the prologue moves: q and k read and written, one cos/sin row a token.
+    """The fewest bytes the prologue moves: q and k read and written (and the gate and v where
+    they are written), one cos/sin row a token (three with mRoPE).
 
     Parameters
     ----------
@@ -197,8 +224,10 @@ def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4
     -------
     int
     """
-    qk = (geometry.num_q_heads + geometry.num_kv_heads) * geometry.head_dim * elem_bytes
-    return tokens * (2 * qk + geometry.rotary_dim * cache_bytes)
+    heads = geometry.num_q_heads * (2 if geometry.q_gate else 1) + geometry.num_kv_heads * (
+        2 if geometry.v_norm else 1)
+    rows = 1 if geometry.mrope_section is None else 3
+    return tokens * (2 * heads * geometry.head_dim * elem_bytes + rows * geometry.rotary_dim * cache_bytes)
 
 
 def _max_rel_err(outputs, reference) -> float:
@@ -389,7 +418,7 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
             for provider, fn in fns.items():
                 if progress:
                     progress(f"{name} tp{tp} T={count} {provider}")
-                err = _max_rel_err(fn(**args)[:2], ref)
+                err = _max_rel_err(fn(**args), ref)
                 us = timer(lambda: fn(**args))
                 rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch,
                                 copy_us))

@@ -9,18 +9,23 @@ that the mutation semantics are explicit:
                            Tensor cos_sin_cache, Tensor positions, int num_q_heads,
                            int num_kv_heads, int head_dim, float eps=1e-06, *,
                            bool is_neox=True, Tensor? q_bias=None, Tensor? k_bias=None,
-                           float weight_offset=0.0) -> (Tensor q, Tensor k)
+                           float weight_offset=0.0, int[]? mrope_section=None,
+                           bool mrope_interleaved=False, bool q_gate=False,
+                           bool v_norm=False) -> (Tensor q, Tensor k, Tensor v, Tensor gate)
 
-    Returns new ``q`` ``[T, Hq*D]`` and ``k`` ``[T, Hkv*D]``; nothing is mutated. ``v`` is not
-    an output: it is ``qkv[:, (Hq + Hkv) * D:]``, a view the caller slices itself (an op output
-    may not alias an input, and copying V would waste a read and a write of it).
+    Returns new ``q`` ``[T, Hq*D]`` and ``k`` ``[T, Hkv*D]``; nothing is mutated. ``v`` is
+    ``[T, Hkv*D]`` normalised with ``v_norm``, and ``[T, 0]`` otherwise: then v is qkv's last
+    ``Hkv*D`` columns, a view the caller slices itself (an op output may not alias an input,
+    and copying V would waste a read and a write of it). ``gate`` is ``[T, Hq*D]`` with
+    ``q_gate``, else ``[T, 0]``.
 
 ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_`` (in place)::
 
     split_qkv_rmsnorm_rope_(Tensor(a!) qkv, ...same arguments...) -> ()
 
-    Writes the normalised, rotated q and k back into their columns of ``qkv``; V's columns are
-    neither read nor written. The dispatcher does not bump ``qkv``'s autograd version counter
+    Writes the normalised, rotated q and k (and with ``v_norm`` the normalised v) back into
+    their columns of ``qkv``; otherwise V's columns are neither read nor written. ``q_gate``
+    is refused here (the validator's rule: a gated q written in place is no ``[T, Hq*D]``). The dispatcher does not bump ``qkv``'s autograd version counter
     for a custom ``(a!)`` op; the implementation does, so a graph that saved ``qkv`` refuses to
     backpropagate after the write instead of computing a wrong gradient.
 
@@ -67,8 +72,13 @@ INPLACE_OP_NAME = OP_NAME + "_"
 ARGS_SCHEMA = (
     "Tensor? q_weight, Tensor? k_weight, Tensor cos_sin_cache, Tensor positions, "
     "int num_q_heads, int num_kv_heads, int head_dim, float eps=1e-06, *, bool is_neox=True, "
-    "Tensor? q_bias=None, Tensor? k_bias=None, float weight_offset=0.0"
+    "Tensor? q_bias=None, Tensor? k_bias=None, float weight_offset=0.0, int[]? mrope_section=None, "
+    "bool mrope_interleaved=False, bool q_gate=False, bool v_norm=False"
 )
+
+#: The keyword arguments after ``weight_offset``: the optional variants (issue 10), passed through
+#: as they are to the one validator and the implementations.
+FEATURES = ("mrope_section", "mrope_interleaved", "q_gate", "v_norm")
 
 
 def schemas(name: str) -> tuple[str, str]:
@@ -82,10 +92,10 @@ def schemas(name: str) -> tuple[str, str]:
     Returns
     -------
     functional, inplace : str
-        ``name(Tensor qkv, ARGS) -> (Tensor, Tensor)`` and
+        ``name(Tensor qkv, ARGS) -> (Tensor, Tensor, Tensor, Tensor)`` (q, k, v, gate) and
         ``name_(Tensor(a!) qkv, ARGS) -> ()``, with :data:`ARGS_SCHEMA` as ``ARGS``.
     """
-    return (f"{name}(Tensor qkv, {ARGS_SCHEMA}) -> (Tensor, Tensor)",
+    return (f"{name}(Tensor qkv, {ARGS_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)",
             f"{name}_(Tensor(a!) qkv, {ARGS_SCHEMA}) -> ()")
 
 
@@ -97,20 +107,25 @@ DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
 def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                      num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                     k_bias=None, weight_offset=0.0):
+                     k_bias=None, weight_offset=0.0, **features):
     # Looked up on the module per call: instrumentation (tests/vllm/run_tiny.py) may wrap it.
-    q, k, _ = impl.split_qkv_rmsnorm_rope(
+    outputs = impl.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False)
-    return q, k
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
+        **features)
+    v_norm, q_gate = features.get("v_norm", False), features.get("q_gate", False)
+    tokens = qkv.shape[0]
+    return (outputs[0], outputs[1], outputs[2] if v_norm else qkv.new_empty((tokens, 0)),
+            outputs[3] if q_gate else qkv.new_empty((tokens, 0)))
 
 
 def _inplace_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                   num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                  k_bias=None, weight_offset=0.0):
+                  k_bias=None, weight_offset=0.0, **features):
     impl.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True)
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True,
+        **features)
 
 
 def _hint(value) -> int:
@@ -138,7 +153,7 @@ def _traced_example(tensor):
 
 def validate_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
                   eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
-                  inplace=False) -> validation.Call:
+                  inplace=False, **features) -> validation.Call:
     """The op's one validator as a fake implementation runs it.
 
     :func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope` on the same arguments, except
@@ -160,26 +175,36 @@ def validate_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads
     return validation.split_qkv_rmsnorm_rope(
         ex(qkv), ex(q_weight), ex(k_weight), ex(cos_sin_cache), ex(positions), num_q_heads, num_kv_heads,
         head_dim, eps, is_neox=is_neox, q_bias=ex(q_bias), k_bias=ex(k_bias), weight_offset=weight_offset,
-        inplace=inplace)
+        inplace=inplace, **features)
+
+
+def fake_outputs(qkv: torch.Tensor, shape) -> tuple:
+    """Empty ``(q, k, v, gate)`` of the functional op's sizes for ``shape`` (a ``KernelShape``):
+    what every fake implementation of the family returns."""
+    tokens = qkv.shape[0]
+    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return (qkv.new_empty((tokens, q_cols)), qkv.new_empty((tokens, kv_cols)),
+            qkv.new_empty((tokens, kv_cols if shape.v_norm else 0)),
+            qkv.new_empty((tokens, q_cols if shape.q_gate else 0)))
 
 
 def _functional_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                      num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                     k_bias=None, weight_offset=0.0):
+                     k_bias=None, weight_offset=0.0, **features):
     shape = validate_fake(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False).shape
-    tokens = qkv.shape[0]
-    return (qkv.new_empty((tokens, shape.num_q_heads * shape.head_dim)),
-            qkv.new_empty((tokens, shape.num_kv_heads * shape.head_dim)))
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
+        **features).shape
+    return fake_outputs(qkv, shape)
 
 
 def _inplace_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                   num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                  k_bias=None, weight_offset=0.0):
+                  k_bias=None, weight_offset=0.0, **features):
     validate_fake(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True)
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True,
+        **features)
     return None
 
 

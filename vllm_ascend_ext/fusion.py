@@ -315,7 +315,7 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
             return q_out, k_out, v
 
         def replace(qkv, positions, cos_sin_cache, q_weight, k_weight):
-            q, k = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d, eps,
+            q, k, _, _ = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d, eps,
                          is_neox=neox, weight_offset=offset)
             q, k = shaped(q, k)
             return q, k, split(qkv)[2]

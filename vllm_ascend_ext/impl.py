@@ -78,9 +78,10 @@ def requested_impl() -> str:
 
 
 def geometry_key(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, dtype: torch.dtype,
-                 is_neox: bool) -> tuple:
-    """The key under which a Triton compile failure is recorded."""
-    return (num_q_heads, num_kv_heads, head_dim, rotary_dim, str(dtype), bool(is_neox))
+                 is_neox: bool, features: frozenset[str] = frozenset()) -> tuple:
+    """The key under which a Triton compile failure is recorded (``features``: the variant's
+    ``Call.features``, each compiled apart)."""
+    return (num_q_heads, num_kv_heads, head_dim, rotary_dim, str(dtype), bool(is_neox), *sorted(features))
 
 
 def record_triton_failure(key: tuple, reason: str) -> None:
@@ -133,15 +134,18 @@ def _dispatch_key(device: torch.device) -> str:
 
 def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head_dim: int,
                                weight_dtypes: tuple[torch.dtype, ...] = (),
-                               cache_dtype: torch.dtype | None = None) -> str | None:
+                               cache_dtype: torch.dtype | None = None,
+                               features: frozenset[str] = frozenset()) -> str | None:
     """Why the AscendC kernel cannot serve a call (``None`` when it can).
 
     It needs an implementation for the device's dispatch key (on an NPU: the CANN-built library,
-    loaded here on first use) and a call within its feature limits.
+    loaded here on first use) and a call within its feature limits (``features``: the call's
+    :attr:`~vllm_ascend_ext.ops.validation.Call.features`).
     """
     from . import ascendc
 
-    reason = ascendc.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype)
+    reason = ascendc.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
+                                        features=features)
     if reason is not None:
         return reason
     key = _dispatch_key(device)
@@ -164,7 +168,8 @@ def _warn_once(message: str) -> None:
 
 
 def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key: tuple | None = None,
-                weight_dtypes: tuple[torch.dtype, ...] = (), cache_dtype: torch.dtype | None = None) -> Choice:
+                weight_dtypes: tuple[torch.dtype, ...] = (), cache_dtype: torch.dtype | None = None,
+                features: frozenset[str] = frozenset()) -> Choice:
     """Pick Triton or AscendC for one call (the one selection function).
 
     Parameters
@@ -181,6 +186,9 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         Dtypes of the weights and biases passed.
     cache_dtype : torch.dtype, optional
         The cos/sin cache's dtype.
+    features : frozenset of str
+        The call's optional variants (``Call.features``): the Triton op serves them all, the
+        AscendC kernel those :func:`vllm_ascend_ext.ascendc.unsupported_reason` accepts.
 
     Returns
     -------
@@ -200,7 +208,8 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
     if mode == "auto" and triton_reason is None:
         return Choice("triton", "auto: Triton can serve the call")
     ascendc_reason = ascendc_unavailable_reason(device, dtype=dtype, head_dim=head_dim,
-                                                weight_dtypes=weight_dtypes, cache_dtype=cache_dtype)
+                                                weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
+                                                features=features)
     if mode == "ascendc":
         if ascendc_reason is not None:
             raise RuntimeError(f"{ENV_IMPL}=ascendc, but {ascendc_reason}")
@@ -215,11 +224,12 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
                            head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
-                           inplace=False):
+                           inplace=False, **features):
     """The Triton op's API, routed by :func:`choose_impl`: what the custom ops run.
 
     Parameters and results are those of :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`
-    (``(q, k, v)``, v always a view of ``qkv``). The arguments go through the op's one validator
+    (``(q, k, v)``, and the gate with ``q_gate``); ``features`` are its keyword arguments
+    ``mrope_section``, ``mrope_interleaved``, ``q_gate`` and ``v_norm``. The arguments go through the op's one validator
     before anything is chosen, so a bad call fails the same way whichever implementation would
     have served it.
 
@@ -233,18 +243,20 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     """
     call = validation.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+        **features)
     shape = call.shape
     weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if t is not None)
     choice = choose_impl(qkv.device, dtype=qkv.dtype, head_dim=shape.head_dim, weight_dtypes=weights,
-                         cache_dtype=cos_sin_cache.dtype,
+                         cache_dtype=cos_sin_cache.dtype, features=call.features,
                          key=geometry_key(shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
-                                          shape.rotary_dim, qkv.dtype, shape.is_neox))
+                                          shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
     if choice.impl == "ascendc":
         from .ascendc import split_qkv_rmsnorm_rope as op
 
         return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-                  is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+                  is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+                  **features)
     from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
 
     return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)

@@ -44,24 +44,50 @@ class KernelShape:
     elem_bytes: int  # qkv / output element size
     cache_bytes: int  # cos_sin_cache element size
     is_neox: bool = True
+    #: q's columns hold, per head, D values of q then D of the gate; the gate is copied out.
+    q_gate: bool = False
+    #: v's heads are RMS-normalised (weightless) and written.
+    v_norm: bool = False
+    #: positions are ``[3, T]`` (mRoPE): each frequency lane reads the row of its axis.
+    mrope: bool = False
 
     @classmethod
     def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
-        """The shape of an ``ops.models.AttentionGeometry`` with these element sizes."""
+        """The shape of an ``ops.models.AttentionGeometry`` with these element sizes (an mRoPE
+        geometry is planned for ``[3, T]`` positions)."""
         return cls(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
                    head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
-                   elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox)
+                   elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox,
+                   q_gate=geometry.q_gate, v_norm=geometry.v_norm,
+                   mrope=geometry.mrope_section is not None)
 
     @property
     def num_heads(self) -> int:
-        """q and k heads together: the heads the kernel touches."""
+        """q and k heads together: the heads that are normalised and rotated."""
         return self.num_q_heads + self.num_kv_heads
+
+    @property
+    def tiled_heads(self) -> int:
+        """Heads the kernel's tiles cover: q and k, plus the gate's and v's when written."""
+        return self.num_q_heads * (2 if self.q_gate else 1) + self.num_kv_heads * (2 if self.v_norm else 1)
+
+    @property
+    def q_head_stride(self) -> int:
+        """Columns from one q head of qkv to the next: ``2*D`` with the gate beside it, else ``D``."""
+        return (2 if self.q_gate else 1) * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        """Columns of qkv: q's heads (with their gates), then k's and v's."""
+        return self.num_q_heads * self.q_head_stride + 2 * self.num_kv_heads * self.head_dim
 
     def head_blocks(self, block_heads: int, block_heads_k: int | None = None) -> int:
         """Blocks covering q's heads (``block_heads`` each), then k's (``block_heads_k``, default
-        the same); a block holds one tensor's heads."""
+        the same), then the gate's (as q's) and v's (as k's) when they are written; a block holds
+        one tensor's heads."""
         block_heads_k = block_heads_k or block_heads
-        return -(-self.num_q_heads // block_heads) + -(-self.num_kv_heads // block_heads_k)
+        q_blocks, k_blocks = -(-self.num_q_heads // block_heads), -(-self.num_kv_heads // block_heads_k)
+        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.v_norm else 1)
 
     @property
     def half(self) -> int:

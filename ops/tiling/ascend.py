@@ -51,7 +51,7 @@ def block_heads_for(shape: KernelShape, cap: int, max_waste: float) -> int:
     1 head, which never pads.
     """
     block = min(next_pow2(max(shape.num_q_heads, shape.num_kv_heads)), cap)
-    while block > 1 and shape.head_blocks(block) * block / shape.num_heads > max_waste:
+    while block > 1 and shape.head_blocks(block) * block / shape.tiled_heads > max_waste:
         block //= 2
     return block
 

@@ -127,7 +127,7 @@ def run_case(case: Case, host_sim, seed: int = 0):
     kwargs = make_inputs(case, gen)
     qkv = kwargs["qkv"]
     before = qkv.clone()
-    ref_q, ref_k = reference.split_qkv_rmsnorm_rope(**kwargs)
+    ref_q, ref_k, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
     q, k, v = ascendc.split_qkv_rmsnorm_rope(**kwargs, inplace=case.inplace)
     return dict(qkv=qkv, before=before, cache=kwargs["cos_sin_cache"], positions=kwargs["positions"], q=q, k=k,
                 v=v, ref_q=ref_q, ref_k=ref_k)

@@ -62,7 +62,7 @@ EVERY_FORM = {**{f"{k} inplace": v for k, v in IN_PLACE.items()}, **OUT_OF_PLACE
 def test_inplace_write_invalidates_a_saved_qkv(device, run):
     kwargs = _inputs(device)
     qkv = kwargs["qkv"]
-    want_q, _ = reference.split_qkv_rmsnorm_rope(**kwargs)
+    want_q, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
     w = torch.randn(qkv.shape, device=device, requires_grad=True)
     y = (w * qkv).sum()  # saves qkv for w's gradient
     version = qkv._version
@@ -92,7 +92,7 @@ def test_out_of_place_leaves_a_saved_qkv_usable(device, run):
 def test_inplace_on_an_inference_tensor(device, run):
     with torch.inference_mode():
         kwargs = _inputs(device)
-        want_q, want_k = reference.split_qkv_rmsnorm_rope(**kwargs)
+        want_q, want_k, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
         run(kwargs)
     qkv, q_cols = kwargs["qkv"], want_q.shape[1]
     assert qkv.is_inference()
@@ -115,7 +115,7 @@ def test_grad_requiring_tensors_are_accepted_without_grad_mode(device, run):
     kwargs = _inputs(device, bias=True)
     for name in ("qkv", "q_weight", "k_bias"):
         kwargs[name].requires_grad_()
-    want_q, want_k = reference.split_qkv_rmsnorm_rope(**kwargs)
+    want_q, want_k, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
     with torch.no_grad():
         q, k = run(kwargs)
     assert not q.requires_grad and not k.requires_grad
