@@ -25,8 +25,9 @@ that the mutation semantics are explicit:
 
     Writes the normalised, rotated q and k (and with ``v_norm`` the normalised v) back into
     their columns of ``qkv``; otherwise V's columns are neither read nor written. ``q_gate``
-    is refused here (the validator's rule: a gated q written in place is no ``[T, Hq*D]``). The dispatcher does not bump ``qkv``'s autograd version counter
-    for a custom ``(a!)`` op; the implementation does, so a graph that saved ``qkv`` refuses to
+    is refused here (the validator's rule: a gated q written in place is no ``[T, Hq*D]``).
+    The dispatcher does not bump ``qkv``'s autograd version counter for a custom ``(a!)`` op;
+    the implementation does, so a graph that saved ``qkv`` refuses to
     backpropagate after the write instead of computing a wrong gradient.
 
 The argument list is spelled once, :data:`ARGS_SCHEMA`; :func:`schemas` builds both schemas of
