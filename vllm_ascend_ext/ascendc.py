@@ -15,7 +15,10 @@ the one spelling of the argument list):
 
 * ``split_qkv_rmsnorm_rope_ascendc(qkv, q_weight, k_weight, cos_sin_cache, positions,
   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None,
-  weight_offset=0.0) -> (q, k)``: new q ``[T, Hq*D]`` and k ``[T, Hkv*D]``;
+  weight_offset=0.0, mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False)
+  -> (q, k, v, gate)``: new q ``[T, Hq*D]`` and k ``[T, Hkv*D]``; v ``[T, Hkv*D]`` with
+  ``v_norm`` and ``[T, 0]`` otherwise, gate ``[T, Hq*D]`` with ``q_gate`` and ``[T, 0]``
+  otherwise (the custom op's outputs, sized by ``custom_ops.fake_outputs``);
 * ``split_qkv_rmsnorm_rope_ascendc_(qkv!, ...) -> ()``: the same, written into ``qkv`` (and
   ``qkv``'s autograd version counter bumped, as the Triton op does).
 
@@ -27,7 +30,7 @@ implementation always and a PrivateUse1 (NPU) one only when the CANN-built libra
 whether one is there, without loading it). :func:`make_impl` builds an implementation around
 any launch callable: the tests register the host build of the kernel on the CPU key with it
 (``tests/csrc/host_sim.py``). :func:`split_qkv_rmsnorm_rope` is the Python API of the Triton
-op (``inplace`` flag, returns ``(q, k, v)`` with v a view).
+op (``inplace`` flag; returns ``(q, k, v)``, and the gate after them with ``q_gate``).
 """
 
 from __future__ import annotations
@@ -299,18 +302,21 @@ def unsupported_reason(
 
 
 def _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-              *, is_neox, q_bias, k_bias, weight_offset, inplace, fake: bool = False) -> validation.Call:
+              *, is_neox, q_bias, k_bias, weight_offset, inplace, mrope_section=None, mrope_interleaved=False,
+              q_gate=False, v_norm=False, fake: bool = False) -> validation.Call:
     """The op's one validator (``custom_ops.validate_fake``'s form in fakes), then the kernel's limits.
 
-    ``ValueError`` naming the argument either way.
+    ``ValueError`` naming the argument either way; a variant the kernel does not serve (its
+    :attr:`~vllm_ascend_ext.ops.validation.Call.features`) is refused by name.
     """
     validate = custom_ops.validate_fake if fake else validation.split_qkv_rmsnorm_rope
     call = validate(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
+        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
     weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if t is not None)
     reason = unsupported_reason(qkv.dtype, call.shape.head_dim, weight_dtypes=weights,
-                                cache_dtype=cos_sin_cache.dtype)
+                                cache_dtype=cos_sin_cache.dtype, features=call.features)
     if reason is not None:
         raise ValueError(reason)
     return call
@@ -372,28 +378,38 @@ for _schema in custom_ops.schemas(OP_NAME):
     _lib.define(_schema)
 
 
-def _outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, torch.Tensor]:
-    q_cols = call.shape.num_q_heads * call.shape.head_dim
-    kv_cols = call.shape.num_kv_heads * call.shape.head_dim
-    if call.inplace:
-        return qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols]
-    return qkv.new_empty((qkv.shape[0], q_cols)), qkv.new_empty((qkv.shape[0], kv_cols))
+def _outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, ...]:
+    """What the kernel writes, ``(q, k, v, gate)``, as the functional op returns them.
+
+    q and k are new ``[T, Hq*D]`` / ``[T, Hkv*D]`` tensors, or their columns of ``qkv`` in place;
+    v is ``[T, Hkv*D]`` with ``v_norm`` (new, or its columns of ``qkv`` in place) and ``[T, 0]``
+    otherwise; the gate is a new ``[T, Hq*D]`` with ``q_gate`` (never in place: the validator
+    refuses it) and ``[T, 0]`` otherwise.
+    """
+    if not call.inplace:
+        return custom_ops.fake_outputs(qkv, call.shape)
+    shape = call.shape
+    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    tokens = qkv.shape[0]
+    v = qkv[:, q_cols + kv_cols:q_cols + 2 * kv_cols] if shape.v_norm else qkv.new_empty((tokens, 0))
+    return qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols], v, qkv.new_empty((tokens, 0))
 
 
 @torch.library.register_fake(f"{custom_ops.NAMESPACE}::{OP_NAME}", lib=_lib)
 def _fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
-          is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+          is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
     call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
                      is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
-                     fake=True)
-    return _outputs(qkv, call)
+                     fake=True, **features)
+    return custom_ops.fake_outputs(qkv, call.shape)
 
 
 @torch.library.register_fake(f"{custom_ops.NAMESPACE}::{INPLACE_OP_NAME}", lib=_lib)
 def _fake_inplace(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6,
-                  *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+                  *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
     _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-              is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True, fake=True)
+              is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True, fake=True,
+              **features)
     return None
 
 
@@ -414,22 +430,24 @@ def make_impl(launch, inplace: bool):
     Returns
     -------
     callable
-        The implementation, with the op's schema as its signature, to register with
-        ``torch.library.Library.impl`` under :data:`OP_NAME` or :data:`INPLACE_OP_NAME`.
+        The implementation, with the op's schema as its signature (the variants' keyword
+        arguments :data:`vllm_ascend_ext.custom_ops.FEATURES` included), to register with
+        ``torch.library.Library.impl`` under :data:`OP_NAME` or :data:`INPLACE_OP_NAME`. The
+        functional one returns ``(q, k, v, gate)`` as ``custom_ops.fake_outputs`` sizes them.
     """
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
-             is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0):
+             is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
         call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
                          eps, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset,
-                         inplace=inplace)
-        q, k = _outputs(qkv, call)
+                         inplace=inplace, **features)
+        q, k, v, gate = _outputs(qkv, call)
         if call.num_tokens > 0:
             t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions,
                                      device_index=qkv.device.index if qkv.device.type != "cpu" else None)
             launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, t)
             call.mark_written(qkv)
-        return None if inplace else (q, k)
+        return None if inplace else (q, k, v, gate)
 
     return impl
 
@@ -514,8 +532,9 @@ def load_npu_library() -> bool:
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
-                           eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False):
-    """The Triton op's API on the AscendC kernel: returns ``(q, k, v)``, v always a view of qkv.
+                           eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False,
+                           mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
+    """The Triton op's API on the AscendC kernel: returns ``(q, k, v)``, and the gate with ``q_gate``.
 
     Parameters and semantics are those of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope``, within
     the limits :func:`unsupported_reason` names.
@@ -525,21 +544,28 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     q, k : torch.Tensor
         ``[T, Hq*D]`` and ``[T, Hkv*D]``: new tensors, or views of ``qkv`` when ``inplace``.
     v : torch.Tensor
-        ``[T, Hkv*D]`` view of ``qkv`` (never read or written).
+        ``[T, Hkv*D]``: a view of ``qkv`` (never read or written), or with ``v_norm`` the
+        normalised v (a new tensor, or its columns of ``qkv`` when ``inplace``).
+    gate : torch.Tensor
+        Only with ``q_gate``: a new ``[T, Hq*D]`` tensor, the gate copied out of ``qkv``.
 
     Raises
     ------
     ValueError
         On a bad argument (the op's validator) or one beyond the kernel's limits, naming it.
     """
+    features = dict(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
     call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-                     is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace)
-    kwargs = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset)
+                     is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+                     **features)
+    kwargs = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, **features)
     args = (q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps)
-    qd, kd = call.shape.num_q_heads * call.shape.head_dim, call.shape.num_kv_heads * call.shape.head_dim
-    v = qkv[:, qd + kd:qd + 2 * kd]
+    shape = call.shape
+    k_col, kv_cols = shape.num_q_heads * shape.q_head_stride, shape.num_kv_heads * shape.head_dim
+    v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
     if call.inplace:
         torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc_(qkv, *args, **kwargs)
-        return qkv[:, :qd], qkv[:, qd:qd + kd], v
-    q, k = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc(qkv, *args, **kwargs)
-    return q, k, v
+        q, k = qkv[:, :shape.num_q_heads * shape.head_dim], qkv[:, k_col:k_col + kv_cols]
+        return q, k, v
+    q, k, v_out, gate = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc(qkv, *args, **kwargs)
+    return (q, k, v_out if call.v_norm else v) + ((gate,) if call.q_gate else ())

@@ -99,7 +99,7 @@ def test_grad_requiring_tensor_is_refused_under_grad_mode(host_sim, run, name):
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("bad,match", [
     (dict(dtype=torch.float32), "bf16/fp16"),
-    (dict(positions=3), "positions has 3 entries"),
+    (dict(positions=3), "positions has 3 tokens"),
     (dict(weight_dtype=torch.float16), "weights/biases in qkv's dtype"),
 ])
 def test_fake_rejects_what_the_kernel_rejects(inplace, bad, match):
