@@ -2,9 +2,13 @@
 
 Each entry is the q/k/v prologue of one model's attention layers as published in its Hugging
 Face ``config.json`` (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, the rotary
-fraction and style, whether q/k are RMS-normalised and how). :meth:`ModelSpec.shard` gives the
-geometry one rank sees at a tensor-parallel size: q heads split evenly, kv heads split while
-there are enough, replicated (one per rank) after that, as vLLM does.
+fraction and style, whether q/k are RMS-normalised and how, mRoPE sections, a gate beside q,
+v-norm), each row citing the config it was read from. A model whose layer types differ in
+geometry (Gemma-4: sliding and full attention, and KV-shared q-only layers) has one row per
+layer type, named ``<model>:<layer type>``. :meth:`ModelSpec.shard` gives the geometry one rank
+sees at a tensor-parallel size: q heads split evenly, kv heads split while there are enough,
+replicated (one per rank) after that, as vLLM does; ``ModelSpec.tp_sizes`` lists the sizes of
+:data:`TP_SIZES` vLLM can run the model at (all four unless its q heads forbid one).
 
 No other module hard-codes a head count or head size: ask this table.
 """
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field, fields
 __all__ = [
     "BENCH_GEOMETRIES",
     "MODELS",
+    "NEW_BENCH_GEOMETRIES",
     "TP_SIZES",
     "AttentionGeometry",
     "ModelSpec",
@@ -105,12 +110,14 @@ class AttentionGeometry:
 class ModelSpec(AttentionGeometry):
     """A model's attention prologue before sharding: its whole-model geometry, a name and a note.
 
-    The geometry fields are :class:`AttentionGeometry`'s (listed there only); ``name`` and
-    ``note`` are keyword-only.
+    The geometry fields are :class:`AttentionGeometry`'s (listed there only); ``name``, ``note``
+    and ``tp_sizes`` (the sizes of :data:`TP_SIZES` vLLM runs the model at: those whose q heads
+    it divides) are keyword-only.
     """
 
     name: str = field(default="", kw_only=True)
     note: str = field(default="", kw_only=True)
+    tp_sizes: tuple[int, ...] = field(default=TP_SIZES, kw_only=True)
 
     def shard(self, tp: int) -> AttentionGeometry:
         """The geometry one rank sees at tensor-parallel size ``tp``.
@@ -157,9 +164,13 @@ MODELS: tuple[ModelSpec, ...] = (
         "Gemma-3-12B", 16, 8, 256, 256, weight_offset=1.0,
         note="D=256, q/k norm multiplies by (1 + w)",
     ),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json: num_attention_heads=16, num_key_value_heads=2,
+    # head_dim=256, partial_rotary_factor=0.25, rms_norm_eps=1e-06; no attn_output_gate key, and
+    # vLLM's Qwen3NextAttention gates by default (getattr(config, "attn_output_gate", True));
+    # q/k norm is Qwen3NextRMSNorm = GemmaRMSNorm, x * (1 + w).
     _spec(
-        "Qwen3-Next-80B-A3B", 16, 2, 256, 64, weight_offset=1.0,
-        note="full-attention layers: D=256, partial rotary 0.25, (1 + w) q/k norm",
+        "Qwen3-Next-80B-A3B", 16, 2, 256, 64, weight_offset=1.0, q_gate=True,
+        note="full-attention layers: D=256, partial rotary 0.25, (1 + w) q/k norm, gate beside each q head",
     ),
     _spec(
         "MiMo-V2-Flash-qk", 64, 4, 192, 64, eps=1e-5,
@@ -168,6 +179,81 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
     _spec("Phi-3-mini", 32, 32, 96, 96, qk_norm=False, eps=1e-5, note="D=96, MHA"),
     _spec("Phi-2", 32, 32, 80, 32, qk_norm=False, eps=1e-5, note="D=80, partial rotary 0.4"),
+    # Qwen/Qwen2.5-VL-7B-Instruct config.json: hidden_size=3584, num_attention_heads=28,
+    # num_key_value_heads=4 (head_dim = 3584/28 = 128), rms_norm_eps=1e-06,
+    # rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}. The qkv projection has a bias
+    # (vLLM's Qwen2 attention), added by the GEMM before the op. 28 q heads: vLLM refuses TP 8.
+    _spec(
+        "Qwen2.5-VL-7B", 28, 4, 128, 128, qk_norm=False, mrope_section=(16, 24, 24), tp_sizes=(1, 2, 4),
+        note="mRoPE, contiguous sections t/h/w 16/24/24; no q/k norm (qkv bias is in the projection); "
+        "28 q heads: no TP 8",
+    ),
+    # Qwen/Qwen3-VL-8B-Instruct config.json: text_config.num_attention_heads=32,
+    # num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-06,
+    # rope_scaling={"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default"}.
+    _spec(
+        "Qwen3-VL-8B", 32, 8, 128, 128, mrope_section=(24, 20, 20), mrope_interleaved=True,
+        note="Qwen3-VL dense: interleaved mRoPE 24/20/20, q/k RMSNorm",
+    ),
+    # Qwen/Qwen3-VL-30B-A3B-Instruct config.json: text_config.num_attention_heads=32,
+    # num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-06, rope_scaling as Qwen3-VL-8B's.
+    _spec(
+        "Qwen3-VL-30B-A3B", 32, 4, 128, 128, mrope_section=(24, 20, 20), mrope_interleaved=True,
+        note="Qwen3-VL MoE: interleaved mRoPE 24/20/20, q/k RMSNorm",
+    ),
+    # Qwen3.5 (model_type qwen3_5 / qwen3_5_moe; vLLM builds the full-attention layers with
+    # Qwen3NextAttention: (1 + w) q/k norm, gate beside q). text_config of each config.json:
+    # attn_output_gate=true, head_dim=256, rms_norm_eps=1e-06, rope_parameters={"mrope_interleaved":
+    # true, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25, ...}, and
+    # Qwen/Qwen3.5-27B: num_attention_heads=24, num_key_value_heads=4;
+    # Qwen/Qwen3.5-35B-A3B: 16, 2; Qwen/Qwen3.5-397B-A17B: 32, 2;
+    # Qwen/Qwen3.6-35B-A3B: 16, 2 (its text_config's attention keys are Qwen3.5-35B-A3B's).
+    # Qwen3.6-27B is left out: its mRoPE keys were not found in a public copy of its config.
+    _spec(
+        "Qwen3.5-27B", 24, 4, 256, 64, weight_offset=1.0, q_gate=True, mrope_section=(11, 11, 10),
+        mrope_interleaved=True, note="Qwen3.5 dense: gated q, (1 + w) norm, partial rotary 0.25, "
+        "interleaved mRoPE 11/11/10",
+    ),
+    _spec(
+        "Qwen3.5-35B-A3B", 16, 2, 256, 64, weight_offset=1.0, q_gate=True, mrope_section=(11, 11, 10),
+        mrope_interleaved=True, note="Qwen3.5 MoE: Qwen3-Next's geometry with interleaved mRoPE",
+    ),
+    _spec(
+        "Qwen3.5-397B-A17B", 32, 2, 256, 64, weight_offset=1.0, q_gate=True, mrope_section=(11, 11, 10),
+        mrope_interleaved=True, note="Qwen3.5 MoE, largest",
+    ),
+    _spec(
+        "Qwen3.6-35B-A3B", 16, 2, 256, 64, weight_offset=1.0, q_gate=True, mrope_section=(11, 11, 10),
+        mrope_interleaved=True, note="same attention geometry as Qwen3.5-35B-A3B",
+    ),
+    # Gemma-4 (model_type gemma4, text_config gemma4_text; vLLM's Gemma4Attention): q/k RMSNorm
+    # x * w (plain RMSNorm, no offset), weightless v-norm on every layer that projects k/v, NeoX
+    # rotary. Sliding layers: head_dim, num_key_value_heads, rope_parameters.sliding_attention
+    # (default RoPE, whole head). Full layers: global_head_dim, num_global_key_value_heads (when
+    # attention_k_eq_v; v is then k's projection, still normalised), rope_parameters.full_attention
+    # "proportional" with partial_rotary_factor 0.25: vLLM's Gemma4RotaryEmbedding rotates the
+    # whole head with cos 1, sin 0 on the unrotated pairs, so the op sees R = D. The last
+    # num_kv_shared_layers layers project q only (num_kv_heads=0 here).
+    # google/gemma-4-31B-it config.json text_config: num_attention_heads=32, num_key_value_heads=16,
+    # head_dim=256, global_head_dim=512, num_global_key_value_heads=4, attention_k_eq_v=true,
+    # rms_norm_eps=1e-06; 60 layers, 5 sliding : 1 full; no KV-shared layers.
+    _spec("Gemma-4-31B:sliding", 32, 16, 256, 256, v_norm=True, note="50 of 60 layers; v-norm"),
+    _spec("Gemma-4-31B:full", 32, 4, 512, 512, v_norm=True,
+          note="10 of 60 layers; D=512, proportional RoPE (R = D), v-norm, v = k's projection"),
+    # google/gemma-4-26B-A4B-it config.json text_config: num_attention_heads=16,
+    # num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
+    # attention_k_eq_v=true, rms_norm_eps=1e-06; 30 layers, 5 sliding : 1 full.
+    _spec("Gemma-4-26B-A4B:sliding", 16, 8, 256, 256, v_norm=True, note="25 of 30 layers; v-norm"),
+    _spec("Gemma-4-26B-A4B:full", 16, 2, 512, 512, v_norm=True,
+          note="5 of 30 layers; D=512, proportional RoPE (R = D), v-norm"),
+    # google/gemma-4-E2B-it config.json text_config: num_attention_heads=8, num_key_value_heads=1,
+    # head_dim=256, global_head_dim=512, attention_k_eq_v=false, num_kv_shared_layers=20,
+    # rms_norm_eps=1e-06; 35 layers, 4 sliding : 1 full; layers 15-34 share k/v (q only).
+    _spec("Gemma-4-E2B:sliding", 8, 1, 256, 256, v_norm=True, note="12 of 35 layers; v-norm"),
+    _spec("Gemma-4-E2B:full", 8, 1, 512, 512, v_norm=True, note="3 of 35 layers; D=512, R = D, v-norm"),
+    _spec("Gemma-4-E2B:sliding-kv-shared", 8, 0, 256, 256,
+          note="16 of 35 layers: q only (k/v from an earlier layer's cache)"),
+    _spec("Gemma-4-E2B:full-kv-shared", 8, 0, 512, 512, note="4 of 35 layers: q only, D=512"),
 )
 
 #: (model, tp) of the benchmark's four geometries: 32/8/128, 64/4/128, 8/1/128, 16/2/256.
@@ -176,6 +262,14 @@ BENCH_GEOMETRIES: tuple[tuple[str, int], ...] = (
     ("Qwen3-235B-A22B", 1),
     ("Qwen3-32B", 8),
     ("Qwen3-Next-80B-A3B", 1),
+)
+
+#: (model, tp) of issue 10's benchmark geometries: Qwen3-VL-8B (32/8/128, interleaved mRoPE),
+#: Qwen3-Next gated (16/2/256 R64, (1 + w)), a Gemma-4 layer with v-norm (32/16/256).
+NEW_BENCH_GEOMETRIES: tuple[tuple[str, int], ...] = (
+    ("Qwen3-VL-8B", 1),
+    ("Qwen3-Next-80B-A3B", 1),
+    ("Gemma-4-31B:sliding", 1),
 )
 
 
@@ -188,5 +282,6 @@ def model(name: str) -> ModelSpec:
 
 
 def geometry_table(tp_sizes: tuple[int, ...] = TP_SIZES) -> list[tuple[str, int, AttentionGeometry]]:
-    """Every ``(model name, tp, geometry)`` of the table at the given TP sizes."""
-    return [(spec.name, tp, spec.shard(tp)) for spec in MODELS for tp in tp_sizes]
+    """Every ``(model name, tp, geometry)`` of the table at those of the given TP sizes each
+    model runs at (``ModelSpec.tp_sizes``)."""
+    return [(spec.name, tp, spec.shard(tp)) for spec in MODELS for tp in tp_sizes if tp in spec.tp_sizes]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import KernelShape, PlanBase, next_pow2
 from ..device import AscendFacts
 
-__all__ = ["AscendPlan", "UbBuffer", "plan", "ub_budget", "ub_buffers"]
+__all__ = ["AscendPlan", "UbBuffer", "branch_arms", "plan", "rope_axes", "ub_budget", "ub_buffers"]
 
 #: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
 #: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
@@ -36,10 +36,21 @@ MIN_BLOCK_TOKENS = 2
 FP32 = 4
 POSITION_BYTES = 8
 MASK_BYTES = 1
-#: The kernel handles a q block and a k block in the two arms of one branch; the linalg output
-#: allocates each arm's tile buffers separately, and whether bishengir later folds exclusive
-#: arms into one buffer is not visible without CANN, so the model counts both.
-BRANCHES = 2
+
+
+def branch_arms(shape: KernelShape) -> tuple[str, ...]:
+    """The arms of the kernel's head-block branch that a layer compiles: q, then k (not in a
+    q-only layer), the gate's (``q_gate``) and v's (``v_norm``). The linalg output allocates
+    each arm's tile buffers separately, and whether bishengir later folds exclusive arms into one
+    buffer is not visible without CANN, so the model counts every arm's copies from global
+    memory (and one arm's vector buffers: one arm runs at a time)."""
+    return ("q",) + (("k",) if shape.num_kv_heads else ()) + (("gate",) if shape.q_gate else ()) \
+        + (("v",) if shape.v_norm else ())
+
+
+def rope_axes(shape: KernelShape) -> int:
+    """Position axes whose cos/sin rows a tile gathers: 3 with mRoPE (t, h, w), else 1."""
+    return 3 if shape.mrope else 1
 
 
 def block_heads_for(shape: KernelShape, cap: int, max_waste: float) -> int:
@@ -96,22 +107,30 @@ def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple
     rows = block_tokens * block_heads
     head = shape.padded_head_dim
     rot = 2 * shape.half_pad
+    arms = branch_arms(shape)
+    axes = rope_axes(shape)
+    normed = 2 if shape.num_kv_heads else 1  # q and k carry a weight and a bias, v and the gate none
+    axis_names = " (t, h, w axes)" if shape.mrope else ""
     # NeoX halves are two disjoint blocks of the row; GPT-J's pairs are one contiguous block of
-    # the rotary lanes, split in registers: either way the row is read once.
+    # the rotary lanes, split in registers: either way the row is read once per arm.
     gm = (
-        UbBuffer("qkv tile (q arm + k arm)", BRANCHES * rows * head * shape.elem_bytes, "gm"),
-        UbBuffer("cos/sin rows", block_tokens * rot * shape.cache_bytes, "gm"),
-        UbBuffer("positions", block_tokens * POSITION_BYTES, "gm"),
-        # q and k weight and bias (per tile, in each arm); fp32 is the widest they come in.
-        UbBuffer("weights + biases", 4 * head * FP32, "gm"),
+        UbBuffer(f"qkv tile ({' + '.join(arms)} arm{'s' if len(arms) > 1 else ''})",
+                 len(arms) * rows * head * shape.elem_bytes, "gm"),
+        UbBuffer("cos/sin rows" + axis_names, axes * block_tokens * rot * shape.cache_bytes, "gm"),
+        UbBuffer("positions" + axis_names, axes * block_tokens * POSITION_BYTES, "gm"),
+        # q's (and k's) weight and bias, in each arm that uses them; fp32 is the widest they come in.
+        UbBuffer("weights + biases", 2 * normed * head * FP32, "gm"),
     )
     second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer")
                    for buf in gm[:3] for _ in range(MULTIBUFFER - 1))
+    # With mRoPE each axis's rows are upcast, then every lane picks its axis's value: three
+    # upcast blocks and the selected one.
+    cos_sin = (axes + (1 if shape.mrope else 0)) * block_tokens * rot * FP32
     vector = (
         UbBuffer("x fp32", rows * head * FP32, "vector"),
         UbBuffer("normalised / rotated fp32", rows * head * FP32, "vector"),
         UbBuffer("out tile (dtype, multibuffered)", MULTIBUFFER * rows * head * shape.elem_bytes, "vector"),
-        UbBuffer("cos/sin fp32", block_tokens * rot * FP32, "vector"),
+        UbBuffer("cos/sin fp32" + (" (3 axes + per-lane selection)" if shape.mrope else ""), cos_sin, "vector"),
         UbBuffer("sum of squares, rstd", 2 * rows * FP32, "vector"),
         UbBuffer("masks", rows * head * MASK_BYTES, "vector"),
     )
