@@ -52,6 +52,7 @@ __all__ = [
     "INPLACE_OP_NAME",
     "MAX_HEAD_DIM",
     "OP_NAME",
+    "SERVED_FEATURES",
     "SUPPORTED_DTYPES",
     "Tiling",
     "forced",
@@ -85,6 +86,10 @@ FLAG_K_WEIGHT = 1 << 2
 FLAG_Q_BIAS = 1 << 3
 FLAG_K_BIAS = 1 << 4
 FLAG_POS_INT64 = 1 << 5
+FLAG_MROPE = 1 << 6
+FLAG_MROPE_INTERLEAVED = 1 << 7
+FLAG_Q_GATE = 1 << 8
+FLAG_V_NORM = 1 << 9
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 # Kernel constants (split_qkv_rmsnorm_rope_kernel.cpp, namespace sqrr).
@@ -92,6 +97,7 @@ BUFFER_NUM = 2
 SUM_STRIDE = 8
 WORK_FLOATS = 8
 CONST_FLOATS = 16
+AXES = 3
 UB_ALIGN = 32
 FP32 = 4
 
@@ -105,6 +111,9 @@ class Tiling(ctypes.Structure):
         ("kOutRowStride", ctypes.c_uint64),
         ("cacheRowStride", ctypes.c_uint64),
         ("positionStride", ctypes.c_uint64),
+        ("positionAxisStride", ctypes.c_uint64),
+        ("gateOutRowStride", ctypes.c_uint64),
+        ("vOutRowStride", ctypes.c_uint64),
         ("numTokens", ctypes.c_uint32),
         ("numQHeads", ctypes.c_uint32),
         ("numKvHeads", ctypes.c_uint32),
@@ -120,6 +129,9 @@ class Tiling(ctypes.Structure):
         ("cacheDtype", ctypes.c_uint32),
         ("eps", ctypes.c_float),
         ("weightOffset", ctypes.c_float),
+        ("mropeSectionT", ctypes.c_uint32),
+        ("mropeSectionH", ctypes.c_uint32),
+        ("mropeSectionW", ctypes.c_uint32),
         ("ubBytes", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
     ]
@@ -175,22 +187,29 @@ class AscendCPlan(PlanBase):
 
 def ub_buffers(
     head_dim: int, rotary_dim: int, block_tokens: int, block_heads: int, elem_bytes: int, cache_bytes: int,
-    *, q_weight: bool, k_weight: bool, q_bias: bool, k_bias: bool,
+    *, q_weight: bool, k_weight: bool, q_bias: bool, k_bias: bool, v_norm: bool = False, mrope: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """The UB the AscendC kernel allocates per vector core, as ``(name, bytes)`` in allocation order.
 
     Mirrors ``SplitQkvRmsnormRope::Init`` buffer for buffer (each rounded up to 32 bytes, as
     ``TPipe::InitBuffer`` does); the host-sim tests check the sum equals what the kernel
     allocated. ``Dp`` is :func:`padded_head_dim`, a tile row holds ``block_heads * Dp`` elements.
+    ``v_norm`` needs the norm's buffers even without a q/k weight; ``mrope`` copies three cache
+    rows per token (one per position axis), stages them in fp32 and gathers each token's row
+    through one more offset table. The gated q needs no buffer of its own (its gate tiles reuse
+    the q/k tile buffers).
     """
     dp = padded_head_dim(head_dim)
     pitch = block_heads * dp
     cache_pitch = _align(rotary_dim * cache_bytes, UB_ALIGN)
-    csx = 2 * _align(rotary_dim, 8) + CONST_FLOATS
+    r_pad = _align(rotary_dim, 8)
+    csx = 2 * r_pad + CONST_FLOATS
     sums = block_tokens * block_heads * SUM_STRIDE * FP32
+    axes = AXES if mrope else 1
     items = [
         ("x in (dtype) x2", BUFFER_NUM, block_tokens * pitch * elem_bytes),
-        ("cos/sin rows in (cache dtype) x2", BUFFER_NUM, block_tokens * cache_pitch),
+        (f"cos/sin rows in (cache dtype{', 3 axes' if mrope else ''}) x2", BUFFER_NUM,
+         block_tokens * axes * cache_pitch),
         ("y out (dtype) x2", BUFFER_NUM, block_tokens * pitch * elem_bytes),
         ("x fp32", 1, block_tokens * pitch * FP32),
         ("partner / squares fp32", 1, pitch * FP32),
@@ -201,7 +220,12 @@ def ub_buffers(
         ("sin offsets u32", 1, pitch * 4),
         ("cos|sin|-cos|-sin|1|0 per token fp32", 1, block_tokens * csx * FP32),
     ]
-    if q_weight or k_weight:
+    if mrope:
+        items += [
+            ("mRoPE axis rows fp32", 1, block_tokens * AXES * r_pad * FP32),
+            ("mRoPE lane offsets u32", 1, r_pad * 4),
+        ]
+    if q_weight or k_weight or v_norm:
         items += [
             ("row sums of squares fp32", 1, sums),
             ("ones fp32", 1, sums),
@@ -220,11 +244,14 @@ def ub_buffers(
 def plan(
     num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, elem_bytes: int, cache_bytes: int,
     *, q_weight: bool = True, k_weight: bool = True, q_bias: bool = False, k_bias: bool = False,
-    is_neox: bool = True, device_index: int | None = None,
+    is_neox: bool = True, q_gate: bool = False, v_norm: bool = False, mrope: bool = False,
+    device_index: int | None = None,
 ) -> AscendCPlan:
     """The AscendC plan for one layer geometry, derived from the Triton op's Ascend plan.
 
-    ``block_heads`` and the grid come unchanged from ``vllm_ascend_ext.ops.tiling.ascend.plan``;
+    ``block_heads`` and the grid come unchanged from ``vllm_ascend_ext.ops.tiling.ascend.plan``
+    for the same :class:`~vllm_ascend_ext.ops.tiling.KernelShape` (its ``q_gate`` and ``v_norm``
+    add head blocks: the gate's as q's, v's as k's; ``mrope`` is ``[3, T]`` positions);
     ``block_tokens`` starts at that plan's and is halved while :func:`ub_buffers` exceeds the
     same budget (``ops.tiling.ascend.ub_budget``). ``is_neox`` picks the Triton plan the op
     itself would launch for that rotary style.
@@ -239,10 +266,11 @@ def plan(
     from vllm_ascend_ext.ops.tiling import ascend as ascend_tiling
 
     facts = ascend_facts(device_index)
-    shape = KernelShape(num_q_heads, num_kv_heads, head_dim, rotary_dim, elem_bytes, cache_bytes, is_neox)
+    shape = KernelShape(num_q_heads, num_kv_heads, head_dim, rotary_dim, elem_bytes, cache_bytes, is_neox,
+                        q_gate=q_gate, v_norm=v_norm, mrope=mrope)
     base = ascend_tiling.plan(shape, facts)
     budget = ascend_tiling.ub_budget(facts)
-    flags = dict(q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias)
+    flags = dict(q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, v_norm=v_norm, mrope=mrope)
 
     def buffers(tokens: int) -> tuple[tuple[str, int], ...]:
         return ub_buffers(head_dim, rotary_dim, tokens, base.block_heads, elem_bytes, cache_bytes, **flags)
@@ -276,6 +304,15 @@ def forced(plan_: AscendCPlan):
         _forced_plan[0] = saved
 
 
+#: The op's optional variants (``validation.Call.features``) the kernel serves: mRoPE (``[3, T]``
+#: positions, contiguous or interleaved sections), the gated q (gate copied out), v-norm and
+#: q-only layers (``num_kv_heads == 0``).
+SERVED_FEATURES = frozenset({"mrope", "q_gate", "v_norm", "q_only"})
+#: How a refusal names each variant.
+FEATURE_NAMES = {"mrope": "mRoPE ([3, T] positions)", "q_gate": "q_gate (the gated q)",
+                 "v_norm": "v_norm (Gemma-4's v-norm)", "q_only": "q-only layers (num_kv_heads=0)"}
+
+
 def unsupported_reason(
     dtype: torch.dtype, head_dim: int, *, weight_dtypes: tuple[torch.dtype, ...] = (),
     cache_dtype: torch.dtype | None = None, features: frozenset[str] = frozenset(),
@@ -283,12 +320,15 @@ def unsupported_reason(
     """Why the AscendC kernel cannot serve a call (``None`` when it can).
 
     The kernel serves bf16/fp16 qkv, NeoX and GPT-J, partial rotary, bias, no-norm, any head
-    counts and even ``head_dim <= 256``; weights and biases must have qkv's dtype, the cache may
-    be bf16, fp16 or fp32. The Triton op also takes fp32 qkv, weights of another dtype and
-    ``head_dim`` up to 512.
+    counts and even ``head_dim <= 256``, and the variants :data:`SERVED_FEATURES` (``features``
+    is the call's ``validation.Call.features``; any other variant is refused by name); weights
+    and biases must have qkv's dtype, the cache may be bf16, fp16 or fp32. The Triton op also
+    takes fp32 qkv, weights of another dtype and ``head_dim`` up to 512.
     """
-    if features:
-        return f"the AscendC kernel does not serve {', '.join(sorted(features))}"
+    unserved = sorted(set(features) - SERVED_FEATURES)
+    if unserved:
+        names = ", ".join(FEATURE_NAMES.get(name, name) for name in unserved)
+        return f"the AscendC kernel does not serve {names}; the Triton op does"
     if dtype not in SUPPORTED_DTYPES:
         return f"the AscendC kernel supports bf16/fp16 qkv, not {dtype}"
     if head_dim > MAX_HEAD_DIM:
@@ -324,7 +364,8 @@ def _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, nu
 
 def tiling(
     call: validation.Call, qkv: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor,
-    cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, plan_override: AscendCPlan | None = None,
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, v_out: torch.Tensor | None = None,
+    gate_out: torch.Tensor | None = None, plan_override: AscendCPlan | None = None,
     device_index: int | None = None,
 ) -> tuple[Tiling, int, AscendCPlan]:
     """The tiling struct and block count for one launch (host-side only: no device access).
@@ -335,6 +376,9 @@ def tiling(
         The validated call (geometry, features, ``eps``, ``weight_offset``).
     qkv, q_out, k_out, cos_sin_cache, positions : torch.Tensor
         The launch's tensors (their strides go into the struct).
+    v_out, gate_out : torch.Tensor, optional
+        The v output (``call.v_norm``) and the gate output (``call.q_gate``); their row strides
+        go into the struct.
     plan_override : AscendCPlan, optional
         A plan to use instead of :func:`plan`'s (tests force tile shapes with it, as does
         :func:`forced`).
@@ -354,20 +398,28 @@ def tiling(
     p = plan_override or _forced_plan[0] or plan(
         shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim, shape.elem_bytes,
         shape.cache_bytes, q_weight=call.q_norm, k_weight=call.k_norm, q_bias=call.q_bias, k_bias=call.k_bias,
-        is_neox=shape.is_neox, device_index=device_index,
+        is_neox=shape.is_neox, q_gate=shape.q_gate, v_norm=shape.v_norm, mrope=shape.mrope,
+        device_index=device_index,
     )
     flags = (FLAG_NEOX if shape.is_neox else 0) | (FLAG_Q_WEIGHT if call.q_norm else 0)
     flags |= (FLAG_K_WEIGHT if call.k_norm else 0) | (FLAG_Q_BIAS if call.q_bias else 0)
     flags |= (FLAG_K_BIAS if call.k_bias else 0) | (FLAG_POS_INT64 if positions.dtype == torch.int64 else 0)
+    flags |= (FLAG_MROPE if shape.mrope else 0) | (FLAG_MROPE_INTERLEAVED if call.mrope_interleaved else 0)
+    flags |= (FLAG_Q_GATE if shape.q_gate else 0) | (FLAG_V_NORM if shape.v_norm else 0)
+    section = call.mrope_section if shape.mrope else (0, 0, 0)
     t = Tiling(
         qkvRowStride=qkv.stride(0), qOutRowStride=q_out.stride(0), kOutRowStride=k_out.stride(0),
-        cacheRowStride=cos_sin_cache.stride(0), positionStride=positions.stride(0),
+        cacheRowStride=cos_sin_cache.stride(0), positionStride=positions.stride(-1),
+        positionAxisStride=positions.stride(0) if shape.mrope else 0,
+        gateOutRowStride=gate_out.stride(0) if shape.q_gate else 0,
+        vOutRowStride=v_out.stride(0) if shape.v_norm else 0,
         numTokens=call.num_tokens, numQHeads=shape.num_q_heads, numKvHeads=shape.num_kv_heads,
         headDim=shape.head_dim, headDimPadded=padded_head_dim(shape.head_dim), rotaryDim=shape.rotary_dim,
         maxPosition=cos_sin_cache.shape[0], blockTokens=p.block_tokens, blockHeads=p.block_heads,
         numTiles=p.num_tiles(shape, call.num_tokens), flags=flags,
         dtype=DTYPE_CODES[qkv.dtype], cacheDtype=DTYPE_CODES[cos_sin_cache.dtype],
-        eps=call.eps, weightOffset=call.weight_offset, ubBytes=p.ub_capacity, reserved=0,
+        eps=call.eps, weightOffset=call.weight_offset, mropeSectionT=section[0], mropeSectionH=section[1],
+        mropeSectionW=section[2], ubBytes=p.ub_capacity, reserved=0,
     )
     return t, p.grid(shape, call.num_tokens), p
 
@@ -419,9 +471,10 @@ def make_impl(launch, inplace: bool):
     Parameters
     ----------
     launch : callable
-        ``launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
+        ``launch(qkv, q, k, v, gate, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
         block_dim, tiling)``: runs the kernel on ``block_dim`` vector cores with the
-        :class:`Tiling` ``tiling`` (the NPU library's launch op, or the tests' host build).
+        :class:`Tiling` ``tiling`` (the NPU library's launch op, or the tests' host build);
+        ``v`` and ``gate`` are ``None`` unless the call writes them (``v_norm``, ``q_gate``).
     inplace : bool
         Build the implementation of ``split_qkv_rmsnorm_rope_ascendc_`` (q and k written into
         ``qkv``, whose autograd version counter is then bumped unless it is an inference
@@ -443,9 +496,11 @@ def make_impl(launch, inplace: bool):
                          inplace=inplace, **features)
         q, k, v, gate = _outputs(qkv, call)
         if call.num_tokens > 0:
-            t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions,
+            v_out, gate_out = (v if call.v_norm else None), (gate if call.q_gate else None)
+            t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions, v_out=v_out, gate_out=gate_out,
                                      device_index=qkv.device.index if qkv.device.type != "cpu" else None)
-            launch(qkv, q, k, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, t)
+            launch(qkv, q, k, v_out, gate_out, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
+                   block_dim, t)
             call.mark_written(qkv)
         return None if inplace else (q, k, v, gate)
 
@@ -523,8 +578,8 @@ def load_npu_library() -> bool:
     torch.ops.load_library(str(path))  # pragma: no cover - needs CANN and torch_npu
     launch_op = torch.ops.vllm_ascend_ext._split_qkv_rmsnorm_rope_ascendc_launch  # pragma: no cover
 
-    def launch(qkv, q, k, cache, positions, qw, kw, qb, kb, block_dim, t):  # pragma: no cover
-        launch_op(qkv, q, k, cache, positions, qw, kw, qb, kb, block_dim, t.words())
+    def launch(qkv, q, k, v, gate, cache, positions, qw, kw, qb, kb, block_dim, t):  # pragma: no cover
+        launch_op(qkv, q, k, v, gate, cache, positions, qw, kw, qb, kb, block_dim, t.words())
 
     _lib.impl(OP_NAME, make_impl(launch, False), "PrivateUse1")  # pragma: no cover
     _lib.impl(INPLACE_OP_NAME, make_impl(launch, True), "PrivateUse1")  # pragma: no cover

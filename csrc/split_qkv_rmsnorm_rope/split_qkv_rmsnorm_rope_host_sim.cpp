@@ -53,6 +53,9 @@ int sqrr_sim_tiling_layout(uint64_t* out, int n)
         offsetof(SplitQkvRmsnormRopeTiling, kOutRowStride),
         offsetof(SplitQkvRmsnormRopeTiling, cacheRowStride),
         offsetof(SplitQkvRmsnormRopeTiling, positionStride),
+        offsetof(SplitQkvRmsnormRopeTiling, positionAxisStride),
+        offsetof(SplitQkvRmsnormRopeTiling, gateOutRowStride),
+        offsetof(SplitQkvRmsnormRopeTiling, vOutRowStride),
         offsetof(SplitQkvRmsnormRopeTiling, numTokens),
         offsetof(SplitQkvRmsnormRopeTiling, numQHeads),
         offsetof(SplitQkvRmsnormRopeTiling, numKvHeads),
@@ -68,6 +71,9 @@ int sqrr_sim_tiling_layout(uint64_t* out, int n)
         offsetof(SplitQkvRmsnormRopeTiling, cacheDtype),
         offsetof(SplitQkvRmsnormRopeTiling, eps),
         offsetof(SplitQkvRmsnormRopeTiling, weightOffset),
+        offsetof(SplitQkvRmsnormRopeTiling, mropeSectionT),
+        offsetof(SplitQkvRmsnormRopeTiling, mropeSectionH),
+        offsetof(SplitQkvRmsnormRopeTiling, mropeSectionW),
         offsetof(SplitQkvRmsnormRopeTiling, ubBytes),
         offsetof(SplitQkvRmsnormRopeTiling, reserved),
     };
@@ -78,13 +84,16 @@ int sqrr_sim_tiling_layout(uint64_t* out, int n)
 
 // Runs the kernel entry for the tiling's dtypes on blockDim simulated vector cores of ubBytes UB.
 // Returns 0, or -1 with the host layer's (or the kernel's) error message in err.
+// vOut and gateOut may be null when the tiling's flags say they are not written.
 int sqrr_sim_launch(const SplitQkvRmsnormRopeTiling* tiling, uint32_t blockDim, uint32_t ubBytes, void* qkv,
-                    void* qOut, void* kOut, void* cache, void* positions, void* qWeight, void* kWeight, void* qBias,
-                    void* kBias, char* err, int errLen)
+                    void* qOut, void* kOut, void* vOut, void* gateOut, void* cache, void* positions, void* qWeight,
+                    void* kWeight, void* qBias, void* kBias, char* err, int errLen)
 {
     auto* a = reinterpret_cast<GM_ADDR>(qkv);
     auto* qo = reinterpret_cast<GM_ADDR>(qOut);
     auto* ko = reinterpret_cast<GM_ADDR>(kOut);
+    auto* vo = reinterpret_cast<GM_ADDR>(vOut);
+    auto* go = reinterpret_cast<GM_ADDR>(gateOut);
     auto* c = reinterpret_cast<GM_ADDR>(cache);
     auto* p = reinterpret_cast<GM_ADDR>(positions);
     auto* qw = reinterpret_cast<GM_ADDR>(qWeight);
@@ -92,8 +101,8 @@ int sqrr_sim_launch(const SplitQkvRmsnormRopeTiling* tiling, uint32_t blockDim, 
     auto* qb = reinterpret_cast<GM_ADDR>(qBias);
     auto* kb = reinterpret_cast<GM_ADDR>(kBias);
     const SplitQkvRmsnormRopeTiling t = *tiling;
-    void (*entry)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
-                  SplitQkvRmsnormRopeTiling) = nullptr;
+    void (*entry)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR,
+                  GM_ADDR, SplitQkvRmsnormRopeTiling) = nullptr;
     if (t.dtype == SQRR_DTYPE_BF16 && t.cacheDtype == SQRR_DTYPE_BF16) entry = split_qkv_rmsnorm_rope_bf16_cbf16;
     if (t.dtype == SQRR_DTYPE_BF16 && t.cacheDtype == SQRR_DTYPE_FP16) entry = split_qkv_rmsnorm_rope_bf16_cfp16;
     if (t.dtype == SQRR_DTYPE_BF16 && t.cacheDtype == SQRR_DTYPE_FP32) entry = split_qkv_rmsnorm_rope_bf16_cfp32;
@@ -105,7 +114,7 @@ int sqrr_sim_launch(const SplitQkvRmsnormRopeTiling* tiling, uint32_t blockDim, 
         return -1;
     }
     try {
-        ascendc_host_sim::Launch(blockDim, ubBytes, [&] { entry(a, qo, ko, c, p, qw, kw, qb, kb, t); });
+        ascendc_host_sim::Launch(blockDim, ubBytes, [&] { entry(a, qo, ko, vo, go, c, p, qw, kw, qb, kb, t); });
     } catch (const std::exception& e) {
         SetError(err, errLen, e.what());
         return -1;

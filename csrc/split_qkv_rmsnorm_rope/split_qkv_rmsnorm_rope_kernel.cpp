@@ -4,19 +4,32 @@
 // its fallback and computes the same thing: per token and head, in fp32,
 //   y = x * rsqrt(mean(x^2) + eps) * (weightOffset + w) (+ bias)     (when the tensor has a weight)
 //   RoPE on dims [0, R) with c = cache[pos, :R/2], s = cache[pos, R/2:R]; dims >= R pass through;
-// one rounding (round-to-nearest-even) to the output dtype. v is never read or written.
+// one rounding (round-to-nearest-even) to the output dtype. Variants (tiling flags):
+//   mRoPE (SQRR_FLAG_MROPE): positions are [3, T] (t, h, w); lane i of c and s comes from the
+//     row of its axis (contiguous sections of mropeSection{T,H,W} lanes, or interleaved: h if
+//     i % 3 == 1 and i < 3h, w if i % 3 == 2 and i < 3w, else t), each axis clamped;
+//   gated q (SQRR_FLAG_Q_GATE): q's heads sit 2*D apart in qkv, each followed by D values of its
+//     gate, which is copied (not normalised, not rotated) to a contiguous [T, Hq*D] output;
+//   v-norm (SQRR_FLAG_V_NORM): v's heads are RMS-normalised (no weight, same eps) and written;
+//   q-only (numKvHeads == 0): qkv holds q (and its gate) alone.
+// Without v-norm, v is never read or written.
 //
 // Tiling (from the Python plan, see split_qkv_rmsnorm_rope_tiling.h): a tile is blockTokens
-// tokens x blockHeads heads of ONE tensor (q's heads are cut into blocks, then k's: the same
-// decomposition as the Triton kernel). Tile index = tokenBlock * headBlocks + headBlock; block b
-// of GetBlockNum() takes tiles b, b + GetBlockNum(), ... Per tile:
-//   CopyIn : one DataCopyPad per token (nh heads of D elements, each head padded to Dp in UB),
-//            one DataCopyPad per token for its cos/sin row (position clamped into the cache).
-//   Compute: Cast to fp32; sum of squares per row (ReduceSum); rstd for the whole tile with
-//            vector Muls/Adds/Sqrt/Div; one V_S flag; per-row Muls by rstd; weight/bias per token;
-//            RoPE as y = x * C + gather(x, partner) * S, where C and S are the token's cos and
-//            signed sin spread over the head by Gather with precomputed byte-offset tables (so
-//            NeoX, GPT-J and any even R share one code path and no operand is misaligned).
+// tokens x blockHeads heads of ONE tensor (q's heads are cut into blocks, then k's, then the
+// gate's and v's when they are written: the same decomposition as the Triton kernel). Tile index
+// = tokenBlock * headBlocks + headBlock; block b of GetBlockNum() takes tiles b, b + GetBlockNum(),
+// ... Per tile:
+//   CopyIn : one DataCopyPad per token (nh heads of D elements, each head padded to Dp in UB; GM
+//            heads 2*D apart for the gated q and its gate), and for q and k tiles one DataCopyPad
+//            per token (mRoPE: per token and axis used) for its cos/sin row (position clamped).
+//   Compute: Cast to fp32; for normalised tiles: sum of squares per row (ReduceSum); rstd for the
+//            whole tile with vector Muls/Adds/Sqrt/Div; one V_S flag; per-row Muls by rstd;
+//            weight/bias per token; for q and k tiles RoPE as y = x * C + gather(x, partner) * S,
+//            where C and S are the token's cos and signed sin spread over the head by Gather with
+//            precomputed byte-offset tables (so NeoX, GPT-J and any even R share one code path and
+//            no operand is misaligned). mRoPE first gathers each token's [c | s] row lane by lane
+//            from its axes' rows (one more byte-offset table). Gate tiles are only cast there and
+//            back (exact).
 //   CopyOut: Cast back (CAST_RINT), one DataCopyPad per token.
 // Queues: x-in and cos/sin-in are VECIN and y-out is VECOUT, each with two buffers, so the
 // copy-in of tile i+1 and the copy-out of tile i-1 overlap the math of tile i.
@@ -29,6 +42,7 @@ constexpr int32_t kBufferNum = 2;      // double buffering
 constexpr uint32_t kSumStride = 8;     // one 32-byte block (8 fp32) per row's sum of squares
 constexpr uint32_t kWorkFloats = 8;    // ReduceSum scratch for <= 256 fp32 (4 repeats -> 1 block)
 constexpr uint32_t kConstFloats = 16;  // per token slot: 8 x 1.0f then 8 x 0.0f
+constexpr uint32_t kAxes = 3;          // mRoPE's position axes: t, h, w
 
 __aicore__ inline uint32_t CeilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 __aicore__ inline uint32_t AlignUp(uint32_t a, uint32_t b) { return CeilDiv(a, b) * b; }
@@ -37,9 +51,9 @@ template <typename T, typename TC> class SplitQkvRmsnormRope {
 public:
     __aicore__ inline SplitQkvRmsnormRope() {}
 
-    __aicore__ inline void Init(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR cache, GM_ADDR positions,
-                                GM_ADDR qWeight, GM_ADDR kWeight, GM_ADDR qBias, GM_ADDR kBias,
-                                const SplitQkvRmsnormRopeTiling& tiling, AscendC::TPipe* pipe)
+    __aicore__ inline void Init(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR vOut, GM_ADDR gateOut,
+                                GM_ADDR cache, GM_ADDR positions, GM_ADDR qWeight, GM_ADDR kWeight, GM_ADDR qBias,
+                                GM_ADDR kBias, const SplitQkvRmsnormRopeTiling& tiling, AscendC::TPipe* pipe)
     {
         t_ = tiling;
         pipe_ = pipe;
@@ -49,27 +63,43 @@ public:
         bt_ = t_.blockTokens;
         bh_ = t_.blockHeads;
         pitch_ = bh_ * Dp_;
+        gate_ = (t_.flags & SQRR_FLAG_Q_GATE) != 0;
+        vNorm_ = (t_.flags & SQRR_FLAG_V_NORM) != 0;
+        mrope_ = (t_.flags & SQRR_FLAG_MROPE) != 0;
         qBlocks_ = CeilDiv(t_.numQHeads, bh_);
-        headBlocks_ = qBlocks_ + CeilDiv(t_.numKvHeads, bh_);
+        kEnd_ = qBlocks_ + CeilDiv(t_.numKvHeads, bh_);
+        gEnd_ = kEnd_ + (gate_ ? qBlocks_ : 0);
+        headBlocks_ = gEnd_ + (vNorm_ ? kEnd_ - qBlocks_ : 0);
+        qStride_ = (gate_ ? 2 : 1) * D_;
+        kCol_ = uint64_t(t_.numQHeads) * qStride_;
+        vCol_ = kCol_ + uint64_t(t_.numKvHeads) * D_;
         rPad_ = AlignUp(R_, 8);
         csw_ = 2 * rPad_ + kConstFloats;
         cachePitch_ = AlignUp(R_ * sizeof(TC), 32) / sizeof(TC);
-        hasNorm_ = (t_.flags & (SQRR_FLAG_Q_WEIGHT | SQRR_FLAG_K_WEIGHT)) != 0;
+        hasNorm_ = vNorm_ || (t_.flags & (SQRR_FLAG_Q_WEIGHT | SQRR_FLAG_K_WEIGHT)) != 0;
 
         const uint64_t nTok = t_.numTokens;
-        const uint64_t hd = uint64_t(t_.numQHeads + 2 * t_.numKvHeads) * D_;
+        const uint64_t hd = vCol_ + uint64_t(t_.numKvHeads) * D_;
         qkvGm_.SetGlobalBuffer((__gm__ T*)qkv, (nTok - 1) * t_.qkvRowStride + hd);
         qOutGm_.SetGlobalBuffer((__gm__ T*)qOut, (nTok - 1) * t_.qOutRowStride + uint64_t(t_.numQHeads) * D_);
         kOutGm_.SetGlobalBuffer((__gm__ T*)kOut, (nTok - 1) * t_.kOutRowStride + uint64_t(t_.numKvHeads) * D_);
+        if (gate_) {
+            gateOutGm_.SetGlobalBuffer((__gm__ T*)gateOut,
+                                       (nTok - 1) * t_.gateOutRowStride + uint64_t(t_.numQHeads) * D_);
+        }
+        if (vNorm_) {
+            vOutGm_.SetGlobalBuffer((__gm__ T*)vOut, (nTok - 1) * t_.vOutRowStride + uint64_t(t_.numKvHeads) * D_);
+        }
         cacheGm_.SetGlobalBuffer((__gm__ TC*)cache, uint64_t(t_.maxPosition - 1) * t_.cacheRowStride + R_);
+        const uint64_t posSize = (nTok - 1) * t_.positionStride + (mrope_ ? (kAxes - 1) * t_.positionAxisStride : 0) + 1;
         if (t_.flags & SQRR_FLAG_POS_INT64) {
-            pos64Gm_.SetGlobalBuffer((__gm__ int64_t*)positions, (nTok - 1) * t_.positionStride + 1);
+            pos64Gm_.SetGlobalBuffer((__gm__ int64_t*)positions, posSize);
         } else {
-            pos32Gm_.SetGlobalBuffer((__gm__ int32_t*)positions, (nTok - 1) * t_.positionStride + 1);
+            pos32Gm_.SetGlobalBuffer((__gm__ int32_t*)positions, posSize);
         }
 
         pipe_->InitBuffer(inQueX_, kBufferNum, bt_ * pitch_ * sizeof(T));
-        pipe_->InitBuffer(inQueCs_, kBufferNum, bt_ * cachePitch_ * sizeof(TC));
+        pipe_->InitBuffer(inQueCs_, kBufferNum, bt_ * (mrope_ ? kAxes : 1) * cachePitch_ * sizeof(TC));
         pipe_->InitBuffer(outQueY_, kBufferNum, bt_ * pitch_ * sizeof(T));
         pipe_->InitBuffer(xBuf_, bt_ * pitch_ * sizeof(float));
         pipe_->InitBuffer(rotBuf_, pitch_ * sizeof(float));
@@ -79,6 +109,10 @@ public:
         pipe_->InitBuffer(cosOffBuf_, pitch_ * sizeof(uint32_t));
         pipe_->InitBuffer(sinOffBuf_, pitch_ * sizeof(uint32_t));
         pipe_->InitBuffer(csxBuf_, bt_ * csw_ * sizeof(float));
+        if (mrope_) {
+            pipe_->InitBuffer(axisRowsBuf_, bt_ * kAxes * rPad_ * sizeof(float));
+            pipe_->InitBuffer(laneOffBuf_, rPad_ * sizeof(uint32_t));
+        }
         if (hasNorm_) {
             pipe_->InitBuffer(sumBuf_, bt_ * bh_ * kSumStride * sizeof(float));
             pipe_->InitBuffer(oneBuf_, bt_ * bh_ * kSumStride * sizeof(float));
@@ -104,12 +138,16 @@ public:
     }
 
 private:
+    enum Kind : uint32_t { kQ = 0, kK, kGate, kV };
+
     struct Tile {
         uint32_t t0, nt;   // first token, tokens in the tile
-        uint32_t h0, nh;   // first head within q (or k), heads in the tile
-        bool isQ;
+        uint32_t h0, nh;   // first head within its tensor, heads in the tile
+        Kind kind;         // q, k, the gate (copied) or v (normalised)
+        __aicore__ inline bool Rotated() const { return kind == kQ || kind == kK; }
     };
 
+    // Head block hb: q's blocks, k's, then the gate's (as q's) and v's (as k's) when written.
     __aicore__ inline Tile Locate(uint32_t tile) const
     {
         Tile tl;
@@ -117,11 +155,34 @@ private:
         const uint32_t hb = tile - tb * headBlocks_;
         tl.t0 = tb * bt_;
         tl.nt = t_.numTokens - tl.t0 < bt_ ? t_.numTokens - tl.t0 : bt_;
-        tl.isQ = hb < qBlocks_;
-        const uint32_t heads = tl.isQ ? t_.numQHeads : t_.numKvHeads;
-        tl.h0 = (tl.isQ ? hb : hb - qBlocks_) * bh_;
+        uint32_t first = 0;
+        if (hb < qBlocks_) {
+            tl.kind = kQ;
+        } else if (hb < kEnd_) {
+            tl.kind = kK;
+            first = qBlocks_;
+        } else if (hb < gEnd_) {
+            tl.kind = kGate;
+            first = kEnd_;
+        } else {
+            tl.kind = kV;
+            first = gEnd_;
+        }
+        const uint32_t heads = (tl.kind == kQ || tl.kind == kGate) ? t_.numQHeads : t_.numKvHeads;
+        tl.h0 = (hb - first) * bh_;
         tl.nh = heads - tl.h0 < bh_ ? heads - tl.h0 : bh_;
         return tl;
+    }
+
+    // mRoPE: the position axis (0 = t, 1 = h, 2 = w) whose cache row frequency lane i reads.
+    __aicore__ inline uint32_t LaneAxis(uint32_t i) const
+    {
+        if (t_.flags & SQRR_FLAG_MROPE_INTERLEAVED) {
+            if (i % 3 == 1 && i < 3 * t_.mropeSectionH) return 1;
+            if (i % 3 == 2 && i < 3 * t_.mropeSectionW) return 2;
+            return 0;
+        }
+        return i < t_.mropeSectionT ? 0 : (i < t_.mropeSectionT + t_.mropeSectionH ? 1 : 2);
     }
 
     // weight or bias [D] (dtype T) -> fp32 (+ offset), replicated to blockHeads heads of pitch Dp.
@@ -174,6 +235,16 @@ private:
             cosOff.SetValue(j, cosIdx * fb);
             sinOff.SetValue(j, sinIdx * fb);
         }
+        if (mrope_) {
+            // laneOff[j]: element j of the token's [c | s] row, in the row of lane (j mod R/2)'s
+            // axis; the token's staged rows are rPad apart (axisRows, fp32).
+            AscendC::LocalTensor<int32_t> laneOff = laneOffBuf_.Get<int32_t>();
+            for (uint32_t j = 0; j < R_; ++j) {
+                const uint32_t axis = LaneAxis(j < half ? j : j - half);
+                axisUsed_[axis] = true;
+                laneOff.SetValue(j, static_cast<int32_t>((axis * rPad_ + j) * fb));
+            }
+        }
         event_t sv = static_cast<event_t>(pipe_->FetchEventID(AscendC::HardEvent::S_V));
         AscendC::SetFlag<AscendC::HardEvent::S_V>(sv);
         AscendC::WaitFlag<AscendC::HardEvent::S_V>(sv);
@@ -193,9 +264,10 @@ private:
         AscendC::PipeBarrier<PIPE_V>();
     }
 
-    __aicore__ inline uint64_t Position(uint32_t token) const
+    // The cache row of token's position on axis (0 unless mRoPE), clamped into the cache.
+    __aicore__ inline uint64_t Position(uint32_t token, uint32_t axis) const
     {
-        const uint64_t i = uint64_t(token) * t_.positionStride;
+        const uint64_t i = uint64_t(axis) * t_.positionAxisStride + uint64_t(token) * t_.positionStride;
         int64_t p = (t_.flags & SQRR_FLAG_POS_INT64) ? pos64Gm_.GetValue(i) : static_cast<int64_t>(pos32Gm_.GetValue(i));
         if (p < 0) p = 0;
         if (p >= static_cast<int64_t>(t_.maxPosition)) p = static_cast<int64_t>(t_.maxPosition) - 1;
@@ -205,22 +277,78 @@ private:
     __aicore__ inline void CopyIn(const Tile& tl)
     {
         AscendC::LocalTensor<T> x = inQueX_.AllocTensor<T>();
-        const uint64_t col = uint64_t(tl.isQ ? tl.h0 : t_.numQHeads + tl.h0) * D_;
-        AscendC::DataCopyExtParams xp{static_cast<uint16_t>(tl.nh), static_cast<uint32_t>(D_ * sizeof(T)), 0,
+        uint64_t col = 0;
+        uint32_t gap = 0;  // elements between heads in qkv
+        switch (tl.kind) {
+            case kQ: col = uint64_t(tl.h0) * qStride_; gap = qStride_ - D_; break;
+            case kGate: col = uint64_t(tl.h0) * qStride_ + D_; gap = qStride_ - D_; break;
+            case kK: col = kCol_ + uint64_t(tl.h0) * D_; break;
+            default: col = vCol_ + uint64_t(tl.h0) * D_; break;
+        }
+        AscendC::DataCopyExtParams xp{static_cast<uint16_t>(tl.nh), static_cast<uint32_t>(D_ * sizeof(T)),
+                                      static_cast<uint32_t>(gap * sizeof(T)),
                                       (Dp_ * static_cast<uint32_t>(sizeof(T)) - AlignUp(D_ * sizeof(T), 32)) / 32, 0};
         AscendC::DataCopyPadExtParams<T> xpad{false, 0, 0, T{}};
         for (uint32_t t = 0; t < tl.nt; ++t) {
             AscendC::DataCopyPad(x[t * pitch_], qkvGm_[(tl.t0 + t) * t_.qkvRowStride + col], xp, xpad);
         }
         inQueX_.EnQue(x);
+        if (!tl.Rotated()) return;
 
         AscendC::LocalTensor<TC> cs = inQueCs_.AllocTensor<TC>();
         AscendC::DataCopyExtParams cp{1, static_cast<uint32_t>(R_ * sizeof(TC)), 0, 0, 0};
         AscendC::DataCopyPadExtParams<TC> cpad{false, 0, 0, TC{}};
         for (uint32_t t = 0; t < tl.nt; ++t) {
-            AscendC::DataCopyPad(cs[t * cachePitch_], cacheGm_[Position(tl.t0 + t) * t_.cacheRowStride], cp, cpad);
+            if (!mrope_) {
+                AscendC::DataCopyPad(cs[t * cachePitch_], cacheGm_[Position(tl.t0 + t, 0) * t_.cacheRowStride], cp,
+                                     cpad);
+                continue;
+            }
+            for (uint32_t a = 0; a < kAxes; ++a) {
+                if (!axisUsed_[a]) continue;
+                AscendC::DataCopyPad(cs[(t * kAxes + a) * cachePitch_],
+                                     cacheGm_[Position(tl.t0 + t, a) * t_.cacheRowStride], cp, cpad);
+            }
         }
         inQueCs_.EnQue(cs);
+    }
+
+    // The tile's cache rows -> each token's csx row [c | s | -c | -s | 1 | 0] (fp32).
+    __aicore__ inline void CosSinRows(const Tile& tl, AscendC::LocalTensor<float>& csx)
+    {
+        AscendC::LocalTensor<TC> cs = inQueCs_.DeQue<TC>();
+        if (!mrope_) {
+            for (uint32_t t = 0; t < tl.nt; ++t) {
+                ToFloat(csx[t * csw_], cs[t * cachePitch_]);
+            }
+        } else {
+            AscendC::LocalTensor<float> rows = axisRowsBuf_.Get<float>();
+            for (uint32_t t = 0; t < tl.nt; ++t) {
+                for (uint32_t a = 0; a < kAxes; ++a) {
+                    if (axisUsed_[a]) ToFloat(rows[(t * kAxes + a) * rPad_], cs[(t * kAxes + a) * cachePitch_]);
+                }
+            }
+            AscendC::PipeBarrier<PIPE_V>();
+            AscendC::LocalTensor<uint32_t> laneOff = laneOffBuf_.Get<uint32_t>();
+            for (uint32_t t = 0; t < tl.nt; ++t) {
+                AscendC::Gather(csx[t * csw_], rows[t * kAxes * rPad_], laneOff, 0, R_);
+            }
+        }
+        AscendC::PipeBarrier<PIPE_V>();
+        inQueCs_.FreeTensor(cs);
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Muls(csx[t * csw_ + rPad_], csx[t * csw_], -1.0f, R_);
+        }
+    }
+
+    // R cache elements (dtype TC) -> fp32.
+    __aicore__ inline void ToFloat(const AscendC::LocalTensor<float>& dst, const AscendC::LocalTensor<TC>& src)
+    {
+        if constexpr (std::is_same_v<TC, float>) {
+            AscendC::Adds(dst, src, 0.0f, R_);
+        } else {
+            AscendC::Cast(dst, src, AscendC::RoundMode::CAST_NONE, R_);
+        }
     }
 
     __aicore__ inline void Compute(const Tile& tl)
@@ -234,40 +362,39 @@ private:
             AscendC::Cast(xf[t * pitch_], x[t * pitch_], AscendC::RoundMode::CAST_NONE, n);
         }
         inQueX_.FreeTensor(x);
-
-        AscendC::LocalTensor<TC> cs = inQueCs_.DeQue<TC>();
-        for (uint32_t t = 0; t < tl.nt; ++t) {
-            if constexpr (std::is_same_v<TC, float>) {
-                AscendC::Adds(csx[t * csw_], cs[t * cachePitch_], 0.0f, R_);
-            } else {
-                AscendC::Cast(csx[t * csw_], cs[t * cachePitch_], AscendC::RoundMode::CAST_NONE, R_);
-            }
-        }
-        AscendC::PipeBarrier<PIPE_V>();
-        inQueCs_.FreeTensor(cs);
-        for (uint32_t t = 0; t < tl.nt; ++t) {
-            AscendC::Muls(csx[t * csw_ + rPad_], csx[t * csw_], -1.0f, R_);
-        }
+        if (tl.Rotated()) CosSinRows(tl, csx);
         AscendC::PipeBarrier<PIPE_V>();  // xf and csx are read below (Gather, norm)
 
-        const bool norm = (t_.flags & (tl.isQ ? SQRR_FLAG_Q_WEIGHT : SQRR_FLAG_K_WEIGHT)) != 0;
-        if (norm) {
-            Normalize(tl, xf);
-            AscendC::LocalTensor<float> w = (tl.isQ ? qwBuf_ : kwBuf_).template Get<float>();
+        const bool weighted = (tl.kind == kQ && (t_.flags & SQRR_FLAG_Q_WEIGHT)) ||
+                              (tl.kind == kK && (t_.flags & SQRR_FLAG_K_WEIGHT));
+        if (weighted || tl.kind == kV) Normalize(tl, xf);
+        if (weighted) {
+            AscendC::LocalTensor<float> w = (tl.kind == kQ ? qwBuf_ : kwBuf_).template Get<float>();
             for (uint32_t t = 0; t < tl.nt; ++t) {
                 AscendC::Mul(xf[t * pitch_], xf[t * pitch_], w, n);
             }
             AscendC::PipeBarrier<PIPE_V>();
-            if (t_.flags & (tl.isQ ? SQRR_FLAG_Q_BIAS : SQRR_FLAG_K_BIAS)) {
-                AscendC::LocalTensor<float> b = (tl.isQ ? qbBuf_ : kbBuf_).template Get<float>();
+            if (t_.flags & (tl.kind == kQ ? SQRR_FLAG_Q_BIAS : SQRR_FLAG_K_BIAS)) {
+                AscendC::LocalTensor<float> b = (tl.kind == kQ ? qbBuf_ : kbBuf_).template Get<float>();
                 for (uint32_t t = 0; t < tl.nt; ++t) {
                     AscendC::Add(xf[t * pitch_], xf[t * pitch_], b, n);
                 }
                 AscendC::PipeBarrier<PIPE_V>();
             }
         }
+        if (tl.Rotated()) Rotate(tl, xf, csx);
 
-        // RoPE: y = x * C + x[partner] * S, per token over all its heads in the tile.
+        AscendC::LocalTensor<T> y = outQueY_.AllocTensor<T>();
+        for (uint32_t t = 0; t < tl.nt; ++t) {
+            AscendC::Cast(y[t * pitch_], xf[t * pitch_], AscendC::RoundMode::CAST_RINT, n);
+        }
+        outQueY_.EnQue(y);
+    }
+
+    // RoPE: y = x * C + x[partner] * S, per token over all its heads in the tile.
+    __aicore__ inline void Rotate(const Tile& tl, AscendC::LocalTensor<float>& xf, AscendC::LocalTensor<float>& csx)
+    {
+        const uint32_t n = tl.nh * Dp_;
         AscendC::LocalTensor<float> rot = rotBuf_.Get<float>();
         AscendC::LocalTensor<float> cosF = cosBuf_.Get<float>();
         AscendC::LocalTensor<float> sinF = sinBuf_.Get<float>();
@@ -286,12 +413,6 @@ private:
             AscendC::Add(xt, xt, rot, n);
             AscendC::PipeBarrier<PIPE_V>();
         }
-
-        AscendC::LocalTensor<T> y = outQueY_.AllocTensor<T>();
-        for (uint32_t t = 0; t < tl.nt; ++t) {
-            AscendC::Cast(y[t * pitch_], xf[t * pitch_], AscendC::RoundMode::CAST_RINT, n);
-        }
-        outQueY_.EnQue(y);
     }
 
     // xf rows *= rsqrt(mean(x^2) + eps): squares and one ReduceSum per row, rstd for the tile with
@@ -334,23 +455,31 @@ private:
     __aicore__ inline void CopyOut(const Tile& tl)
     {
         AscendC::LocalTensor<T> y = outQueY_.DeQue<T>();
-        AscendC::GlobalTensor<T>& out = tl.isQ ? qOutGm_ : kOutGm_;
-        const uint64_t stride = tl.isQ ? t_.qOutRowStride : t_.kOutRowStride;
+        AscendC::GlobalTensor<T>* out = &qOutGm_;
+        uint64_t stride = t_.qOutRowStride;
+        switch (tl.kind) {
+            case kQ: break;
+            case kK: out = &kOutGm_; stride = t_.kOutRowStride; break;
+            case kGate: out = &gateOutGm_; stride = t_.gateOutRowStride; break;
+            default: out = &vOutGm_; stride = t_.vOutRowStride; break;
+        }
         AscendC::DataCopyExtParams yp{static_cast<uint16_t>(tl.nh), static_cast<uint32_t>(D_ * sizeof(T)),
                                       (Dp_ * static_cast<uint32_t>(sizeof(T)) - AlignUp(D_ * sizeof(T), 32)) / 32, 0, 0};
         for (uint32_t t = 0; t < tl.nt; ++t) {
-            AscendC::DataCopyPad(out[(tl.t0 + t) * stride + uint64_t(tl.h0) * D_], y[t * pitch_], yp);
+            AscendC::DataCopyPad((*out)[(tl.t0 + t) * stride + uint64_t(tl.h0) * D_], y[t * pitch_], yp);
         }
         outQueY_.FreeTensor(y);
     }
 
     SplitQkvRmsnormRopeTiling t_;
     AscendC::TPipe* pipe_ = nullptr;
-    uint32_t D_ = 0, Dp_ = 0, R_ = 0, bt_ = 0, bh_ = 0, pitch_ = 0;
-    uint32_t qBlocks_ = 0, headBlocks_ = 0, rPad_ = 0, csw_ = 0, cachePitch_ = 0;
-    bool hasNorm_ = false;
+    uint32_t D_ = 0, Dp_ = 0, R_ = 0, bt_ = 0, bh_ = 0, pitch_ = 0, qStride_ = 0;
+    uint32_t qBlocks_ = 0, kEnd_ = 0, gEnd_ = 0, headBlocks_ = 0, rPad_ = 0, csw_ = 0, cachePitch_ = 0;
+    uint64_t kCol_ = 0, vCol_ = 0;
+    bool hasNorm_ = false, gate_ = false, vNorm_ = false, mrope_ = false;
+    bool axisUsed_[kAxes] = {false, false, false};  // mRoPE: axes some lane reads
 
-    AscendC::GlobalTensor<T> qkvGm_, qOutGm_, kOutGm_;
+    AscendC::GlobalTensor<T> qkvGm_, qOutGm_, kOutGm_, gateOutGm_, vOutGm_;
     AscendC::GlobalTensor<TC> cacheGm_;
     AscendC::GlobalTensor<int32_t> pos32Gm_;
     AscendC::GlobalTensor<int64_t> pos64Gm_;
@@ -359,6 +488,7 @@ private:
     AscendC::TQue<AscendC::QuePosition::VECOUT, 1> outQueY_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> xBuf_, rotBuf_, cosBuf_, sinBuf_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> rotOffBuf_, cosOffBuf_, sinOffBuf_, csxBuf_;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> axisRowsBuf_, laneOffBuf_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> sumBuf_, oneBuf_, workBuf_;
     AscendC::TBuf<AscendC::TPosition::VECCALC> qwBuf_, kwBuf_, qbBuf_, kbBuf_;
 };
@@ -367,13 +497,15 @@ private:
 
 // Kernel entries, one per (qkv dtype, cache dtype); C symbols, as CANN's kernel launch expects.
 #define SQRR_KERNEL(NAME, T, TC)                                                                              \
-    extern "C" __global__ __aicore__ void NAME(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR cache,         \
-                                               GM_ADDR positions, GM_ADDR qWeight, GM_ADDR kWeight,            \
-                                               GM_ADDR qBias, GM_ADDR kBias, SplitQkvRmsnormRopeTiling tiling) \
+    extern "C" __global__ __aicore__ void NAME(GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut, GM_ADDR vOut,          \
+                                               GM_ADDR gateOut, GM_ADDR cache, GM_ADDR positions,              \
+                                               GM_ADDR qWeight, GM_ADDR kWeight, GM_ADDR qBias, GM_ADDR kBias, \
+                                               SplitQkvRmsnormRopeTiling tiling)                               \
     {                                                                                                          \
         AscendC::TPipe pipe;                                                                                   \
         sqrr::SplitQkvRmsnormRope<T, TC> op;                                                                   \
-        op.Init(qkv, qOut, kOut, cache, positions, qWeight, kWeight, qBias, kBias, tiling, &pipe);             \
+        op.Init(qkv, qOut, kOut, vOut, gateOut, cache, positions, qWeight, kWeight, qBias, kBias, tiling,      \
+                &pipe);                                                                                        \
         op.Process();                                                                                          \
     }
 
@@ -389,13 +521,14 @@ SQRR_KERNEL(split_qkv_rmsnorm_rope_fp16_cfp32, half, float)
 // launches blockDim vector cores on the stream. Returns 0, or -1 for an unknown dtype pair.
 #define SQRR_LAUNCH_CASE(DT, CT, NAME)                                                                         \
     if (tiling.dtype == (DT) && tiling.cacheDtype == (CT)) {                                                   \
-        NAME<<<blockDim, nullptr, stream>>>(qkv, qOut, kOut, cache, positions, qWeight, kWeight, qBias, kBias, \
-                                            tiling);                                                           \
+        NAME<<<blockDim, nullptr, stream>>>(qkv, qOut, kOut, vOut, gateOut, cache, positions, qWeight, kWeight, \
+                                            qBias, kBias, tiling);                                             \
         return 0;                                                                                              \
     }
 extern "C" int split_qkv_rmsnorm_rope_launch(void* stream, uint32_t blockDim, GM_ADDR qkv, GM_ADDR qOut, GM_ADDR kOut,
-                                             GM_ADDR cache, GM_ADDR positions, GM_ADDR qWeight, GM_ADDR kWeight,
-                                             GM_ADDR qBias, GM_ADDR kBias, SplitQkvRmsnormRopeTiling tiling)
+                                             GM_ADDR vOut, GM_ADDR gateOut, GM_ADDR cache, GM_ADDR positions,
+                                             GM_ADDR qWeight, GM_ADDR kWeight, GM_ADDR qBias, GM_ADDR kBias,
+                                             SplitQkvRmsnormRopeTiling tiling)
 {
     SQRR_LAUNCH_CASE(SQRR_DTYPE_BF16, SQRR_DTYPE_BF16, split_qkv_rmsnorm_rope_bf16_cbf16)
     SQRR_LAUNCH_CASE(SQRR_DTYPE_BF16, SQRR_DTYPE_FP16, split_qkv_rmsnorm_rope_bf16_cfp16)

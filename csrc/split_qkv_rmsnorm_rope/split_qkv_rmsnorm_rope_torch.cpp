@@ -15,19 +15,21 @@
 #include "split_qkv_rmsnorm_rope_tiling.h"
 
 extern "C" int split_qkv_rmsnorm_rope_launch(void* stream, uint32_t blockDim, uint8_t* qkv, uint8_t* qOut,
-                                             uint8_t* kOut, uint8_t* cache, uint8_t* positions, uint8_t* qWeight,
-                                             uint8_t* kWeight, uint8_t* qBias, uint8_t* kBias,
-                                             SplitQkvRmsnormRopeTiling tiling);
+                                             uint8_t* kOut, uint8_t* vOut, uint8_t* gateOut, uint8_t* cache,
+                                             uint8_t* positions, uint8_t* qWeight, uint8_t* kWeight, uint8_t* qBias,
+                                             uint8_t* kBias, SplitQkvRmsnormRopeTiling tiling);
 
 namespace {
 
 uint8_t* Ptr(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 uint8_t* Ptr(const c10::optional<at::Tensor>& t) { return t.has_value() ? Ptr(*t) : nullptr; }
 
-void Launch(const at::Tensor& qkv, at::Tensor& qOut, at::Tensor& kOut, const at::Tensor& cache,
-            const at::Tensor& positions, const c10::optional<at::Tensor>& qWeight,
-            const c10::optional<at::Tensor>& kWeight, const c10::optional<at::Tensor>& qBias,
-            const c10::optional<at::Tensor>& kBias, int64_t blockDim, at::IntArrayRef words)
+// vOut / gateOut: None unless the tiling's SQRR_FLAG_V_NORM / SQRR_FLAG_Q_GATE says they are written.
+void Launch(const at::Tensor& qkv, at::Tensor& qOut, at::Tensor& kOut, const c10::optional<at::Tensor>& vOut,
+            const c10::optional<at::Tensor>& gateOut, const at::Tensor& cache, const at::Tensor& positions,
+            const c10::optional<at::Tensor>& qWeight, const c10::optional<at::Tensor>& kWeight,
+            const c10::optional<at::Tensor>& qBias, const c10::optional<at::Tensor>& kBias, int64_t blockDim,
+            at::IntArrayRef words)
 {
     TORCH_CHECK(words.size() * sizeof(uint32_t) == sizeof(SplitQkvRmsnormRopeTiling),
                 "tiling has ", words.size(), " words; the kernel's struct needs ",
@@ -37,6 +39,7 @@ void Launch(const at::Tensor& qkv, at::Tensor& qOut, at::Tensor& kOut, const at:
     SplitQkvRmsnormRopeTiling tiling;
     std::memcpy(&tiling, raw.data(), sizeof(tiling));
     uint8_t *a = Ptr(qkv), *qo = Ptr(qOut), *ko = Ptr(kOut), *c = Ptr(cache), *p = Ptr(positions);
+    uint8_t *vo = Ptr(vOut), *go = Ptr(gateOut);
     uint8_t *qw = Ptr(qWeight), *kw = Ptr(kWeight), *qb = Ptr(qBias), *kb = Ptr(kBias);
     const uint32_t dim = static_cast<uint32_t>(blockDim);
     // Through torch_npu's task queue, so the launch stays ordered with the other ops of the stream.
@@ -44,7 +47,7 @@ void Launch(const at::Tensor& qkv, at::Tensor& qOut, at::Tensor& kOut, const at:
     cmd.Name("split_qkv_rmsnorm_rope_ascendc");
     cmd.SetCustomHandler([=]() -> int {
         void* stream = c10_npu::getCurrentNPUStream().stream(false);
-        return split_qkv_rmsnorm_rope_launch(stream, dim, a, qo, ko, c, p, qw, kw, qb, kb, tiling);
+        return split_qkv_rmsnorm_rope_launch(stream, dim, a, qo, ko, vo, go, c, p, qw, kw, qb, kb, tiling);
     });
     cmd.Run();
 }
@@ -54,8 +57,8 @@ void Launch(const at::Tensor& qkv, at::Tensor& qOut, at::Tensor& kOut, const at:
 TORCH_LIBRARY_FRAGMENT(vllm_ascend_ext, m)
 {
     m.def("_split_qkv_rmsnorm_rope_ascendc_launch(Tensor qkv, Tensor(a!) q_out, Tensor(b!) k_out, "
-          "Tensor cos_sin_cache, Tensor positions, Tensor? q_weight, Tensor? k_weight, Tensor? q_bias, "
-          "Tensor? k_bias, int block_dim, int[] tiling) -> ()");
+          "Tensor(c!)? v_out, Tensor(d!)? gate_out, Tensor cos_sin_cache, Tensor positions, Tensor? q_weight, "
+          "Tensor? k_weight, Tensor? q_bias, Tensor? k_bias, int block_dim, int[] tiling) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(vllm_ascend_ext, PrivateUse1, m)

@@ -88,7 +88,7 @@ class HostSim:
         lib.sqrr_sim_launch.restype = ctypes.c_int
         lib.sqrr_sim_launch.argtypes = [ctypes.POINTER(Tiling), ctypes.c_uint32, ctypes.c_uint32] + [
             ctypes.c_void_p
-        ] * 9 + [ctypes.c_char_p, ctypes.c_int]
+        ] * 11 + [ctypes.c_char_p, ctypes.c_int]
         self.lib = lib
         self.regions: dict[str, Region] = {}
         self.ub_peak = 0
@@ -103,8 +103,12 @@ class HostSim:
         n = self.lib.sqrr_sim_tiling_layout(out, 64)
         return list(out[:n])
 
-    def launch(self, qkv, q, k, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling):
-        """Run every block of the kernel; raise :class:`SimViolation` on any host-layer failure."""
+    def launch(self, qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling):
+        """Run every block of the kernel; raise :class:`SimViolation` on any host-layer failure.
+
+        ``v`` and ``gate`` are ``None`` unless the call writes them; an output with no elements
+        (k of a q-only layer) is registered as nothing (its pointer is never dereferenced).
+        """
         self.lib.sqrr_sim_reset_gm()
         self.regions = {}
         inplace = q.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
@@ -112,9 +116,10 @@ class HostSim:
                    ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("q_bias", q_bias, False),
                    ("k_bias", k_bias, False)]
         if not inplace:
-            tensors += [("q_out", q, True), ("k_out", k, True)]
+            tensors += [("q_out", q, True), ("k_out", k, True), ("v_out", v, True)]
+        tensors.append(("gate_out", gate, True))
         for name, t, writable in tensors:
-            if t is None:
+            if t is None or t.numel() == 0:
                 continue
             storage = t.untyped_storage()
             if any(r.base == storage.data_ptr() for r in self.regions.values()):
@@ -129,8 +134,8 @@ class HostSim:
             return None if t is None else t.data_ptr()
 
         rc = self.lib.sqrr_sim_launch(
-            ctypes.byref(tiling), block_dim, ub, ptr(qkv), ptr(q), ptr(k), ptr(cache), ptr(positions),
-            ptr(q_weight), ptr(k_weight), ptr(q_bias), ptr(k_bias), err, len(err),
+            ctypes.byref(tiling), block_dim, ub, ptr(qkv), ptr(q), ptr(k), ptr(v), ptr(gate), ptr(cache),
+            ptr(positions), ptr(q_weight), ptr(k_weight), ptr(q_bias), ptr(k_bias), err, len(err),
         )
         self.ub_peak = self.lib.sqrr_sim_ub_peak()
         self.blocks_run = self.lib.sqrr_sim_blocks_run()
@@ -164,8 +169,8 @@ _cpu_library: list = []  # the Library holding the CPU registrations, kept alive
 def register_cpu_launch(launch) -> None:
     """Register CPU implementations of both AscendC ops around ``launch`` (once; again replaces it).
 
-    ``launch(qkv, q, k, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim, tiling)``
-    is :meth:`HostSim.launch`; the implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s,
+    ``launch(qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim,
+    tiling)`` is :meth:`HostSim.launch`; the implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s,
     the ones the NPU library is registered with.
     """
     _cpu_launch[0] = launch
