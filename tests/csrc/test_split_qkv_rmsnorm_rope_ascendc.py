@@ -493,6 +493,36 @@ def test_planned_grid_is_the_triton_plans(host_sim):
     assert_close(res["k"], res["ref_k"], case.dtype)
 
 
+def _variant_model_rows() -> list[AttentionGeometry]:
+    """The geometry table's rows with a variant (mRoPE, gated q, v-norm, q-only) the kernel can
+    take (``head_dim <= 256``), each once."""
+    from vllm_ascend_ext.ops.models import geometry_table
+
+    rows = {g for _, _, g in geometry_table() if g.head_dim <= ascendc.MAX_HEAD_DIM
+            and (g.q_gate or g.v_norm or g.mrope_section is not None or g.num_kv_heads == 0)}
+    return sorted(rows, key=lambda g: g.label)
+
+
+@pytest.mark.parametrize("geometry", _variant_model_rows(), ids=lambda g: g.label)
+def test_variant_model_rows_match_the_reference(host_sim, geometry):
+    """Every model row of issue 10 the kernel serves, at its planned tiles, one token past the
+    first token tile."""
+    plan = ascendc.plan(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim, geometry.rotary_dim, 2, 4,
+                        q_weight=geometry.qk_norm, k_weight=geometry.qk_norm and geometry.num_kv_heads > 0,
+                        is_neox=geometry.is_neox, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
+                        mrope=geometry.mrope_section is not None)
+    tokens = plan.block_tokens + 1
+    kwargs = reference.make_inputs(geometry, tokens, generator=torch.Generator().manual_seed(tokens))
+    ref = reference.split_qkv_rmsnorm_rope(**kwargs)
+    out = ascendc.split_qkv_rmsnorm_rope(**kwargs)
+    assert len(out) == len(ref)
+    for got, want in zip(out, ref, strict=True):
+        assert_close(got, want, torch.bfloat16)
+    assert host_sim.ub_peak == plan.ub_bytes
+    shape = KernelShape.of(geometry, 2, 4)
+    assert host_sim.blocks_run == plan.grid(shape, tokens) and host_sim.tiling.numTiles == plan.num_tiles(shape, tokens)
+
+
 def test_first_token_past_a_planned_tile(host_sim):
     case = Case(hq=8, hkv=1, d=128)
     plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
