@@ -161,3 +161,112 @@ def test_selector_result_matches_the_reference(monkeypatch, host_sim, mode):
     q, k, _ = impl.split_qkv_rmsnorm_rope(**kwargs)
     torch.testing.assert_close(q.double(), want_q, atol=0.02, rtol=0.02)
     torch.testing.assert_close(k.double(), want_k, atol=0.02, rtol=0.02)
+
+
+# --- the variants (issue 10): which implementation serves which ------------------------------
+VARIANTS = {
+    "mrope": AttentionGeometry(4, 2, 64, 64, mrope_section=(8, 12, 12)),
+    "mrope-interleaved": AttentionGeometry(4, 2, 64, 32, mrope_section=(6, 5, 5), mrope_interleaved=True,
+                                           is_neox=False),
+    "q_gate": AttentionGeometry(4, 1, 128, 32, q_gate=True, weight_offset=1.0),
+    "v_norm": AttentionGeometry(4, 2, 64, 64, v_norm=True),
+    "q_only": AttentionGeometry(4, 0, 64, 64),
+    "all": AttentionGeometry(4, 2, 64, 64, q_gate=True, v_norm=True, mrope_section=(12, 10, 10),
+                             mrope_interleaved=True),
+}
+
+
+def _variant_call(geometry: AttentionGeometry, tokens: int = 5) -> dict:
+    return reference.make_inputs(geometry, tokens, generator=torch.Generator().manual_seed(tokens))
+
+
+def _features(kwargs: dict) -> frozenset[str]:
+    from vllm_ascend_ext.ops import validation
+
+    return validation.split_qkv_rmsnorm_rope(**kwargs).features
+
+
+def _key(kwargs: dict) -> tuple:
+    return impl.geometry_key(kwargs["num_q_heads"], kwargs["num_kv_heads"], kwargs["head_dim"],
+                             kwargs["cos_sin_cache"].shape[1], kwargs["qkv"].dtype, kwargs["is_neox"],
+                             features=_features(kwargs))
+
+
+def test_ascendc_serves_each_variant_and_names_any_other():
+    from vllm_ascend_ext import ascendc
+
+    for name in ("mrope", "q_gate", "v_norm", "q_only"):
+        assert ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset({name})) is None
+    assert ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset(ascendc.SERVED_FEATURES)) is None
+    reason = ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset({"mrope", "future_variant"}))
+    assert reason == "the AscendC kernel does not serve future_variant; the Triton op does"
+    # a variant does not lift the kernel's other limits
+    assert "head_dim <= 256" in ascendc.unsupported_reason(torch.bfloat16, 512, features=frozenset({"v_norm"}))
+
+
+def test_forced_ascendc_names_an_unserved_variant(monkeypatch, host_sim):
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    with pytest.raises(RuntimeError, match=r"VLLM_ASCEND_EXT_IMPL=ascendc, but the AscendC kernel does not serve "
+                                           r"future_variant; the Triton op does"):
+        impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, features=frozenset({"q_gate", "future_variant"}))
+
+
+@pytest.mark.parametrize("unserved,geometry,named", [
+    ("v_norm", "v_norm", r"v_norm \(Gemma-4's v-norm\)"),
+    ("q_gate", "all", r"q_gate \(the gated q\)"),
+    ("mrope", "mrope-interleaved", r"mRoPE \(\[3, T\] positions\)"),
+    ("q_only", "q_only", r"q-only layers \(num_kv_heads=0\)"),
+])
+def test_a_call_of_an_unserved_variant_raises_naming_it(monkeypatch, host_sim, unserved, geometry, named):
+    """Were the kernel not to serve a variant, a forced call of it says which, before anything runs
+    (the refusal path of every variant, through the selector and the AscendC op's own check)."""
+    from vllm_ascend_ext import ascendc
+
+    monkeypatch.setattr(ascendc, "SERVED_FEATURES", ascendc.SERVED_FEATURES - {unserved})
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    kwargs = _variant_call(VARIANTS[geometry])
+    before = kwargs["qkv"].clone()
+    host_sim.tiling = None
+    with pytest.raises(RuntimeError, match=f"ascendc, but the AscendC kernel does not serve {named}; the Triton op"):
+        impl.split_qkv_rmsnorm_rope(**kwargs)
+    with pytest.raises(ValueError, match=f"does not serve {named}"):
+        ascendc.split_qkv_rmsnorm_rope(**kwargs)
+    assert host_sim.tiling is None and torch.equal(kwargs["qkv"], before)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANTS.keys())
+def test_a_served_variant_with_a_recorded_triton_failure_runs_on_ascendc(monkeypatch, host_sim, variant):
+    """auto, Triton usable but recorded as failed for this variant's key: the AscendC kernel serves
+    the call, and its numbers are the reference's (one ulp of bf16)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = _variant_call(VARIANTS[variant])
+    features = _features(kwargs)
+    assert features  # every row here is a variant
+    choice = impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=kwargs["head_dim"], features=features,
+                              key=_key(kwargs))
+    assert choice.impl == "triton"
+    impl.record_triton_failure(_key(kwargs), "compile failed at warm-up")
+    choice = impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=kwargs["head_dim"], features=features,
+                              key=_key(kwargs))
+    assert choice.impl == "ascendc" and "compile failed at warm-up" in choice.reason
+    host_sim.tiling = None
+    out = impl.split_qkv_rmsnorm_rope(**kwargs)
+    assert host_sim.tiling is not None and host_sim.tiling.numTokens == 5  # the host build ran
+    want = reference.split_qkv_rmsnorm_rope(**kwargs)
+    assert len(out) == len(want) == (4 if kwargs["q_gate"] else 3)
+    for got, ref in zip(out, want, strict=True):
+        assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0 ** -126))) - 7)
+        assert ((got.double() - ref).abs() <= ulp).all()
+
+
+def test_a_recorded_failure_of_one_variant_leaves_the_others_on_triton(monkeypatch, host_sim):
+    """Each variant compiles apart, so its failure is recorded under its own key."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gated = _variant_call(VARIANTS["q_gate"])
+    impl.record_triton_failure(_key(gated), "boom")
+    plain = {**gated, "q_gate": False, "qkv": gated["qkv"][:, 4 * 128:]}
+    assert _features(plain) == frozenset()
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, key=_key(plain)).impl == "triton"
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, key=_key(gated),
+                            features=_features(gated)).impl == "ascendc"
