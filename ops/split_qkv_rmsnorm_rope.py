@@ -134,9 +134,9 @@ def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF: tl.constexp
 @triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
-    rows, rows_h, rows_w, i, ia, ib, i_ok, jp, w_ptr, b_ptr, weight_offset, eps,
+    rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
-    PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
+    PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     NORM: tl.constexpr, W: tl.constexpr, BIAS: tl.constexpr, ROPE: tl.constexpr,
     IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
@@ -150,7 +150,9 @@ def _head_block(
     Heads sit ``IN_HEAD_STRIDE`` columns apart in the input (``2*D`` for a gated q and its
     gate), ``HEAD_DIM`` in the output.
     ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the first ``TAIL_W`` lanes
-    of the pass-through tail. The tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
+    of the pass-through tail, ``jq`` the ``TAIL_W2`` lanes after them when the plan holds the
+    tail whole as two pieces (a power of two, then the rest padded: 192 lanes as 128 + 64
+    rather than 256). Otherwise the tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
     one chunk it is held from load to store; with more, the first pass only sums its squares
     and the second loads each chunk again (a cache hit) to scale and store it, so no more than
     one chunk is live at a time. GPT-J's interleaved pairs are moved as one contiguous block of
@@ -176,6 +178,9 @@ def _head_block(
     if PASS > 0 and TAIL_CHUNKS == 1:
         p = tl.load(src + jp[None, None, :], mask=row_ok & (jp < HEAD_DIM)[None, None, :],
                     other=0.0).to(tl.float32)
+        if TAIL_W2 > 0:
+            p2 = tl.load(src + jq[None, None, :], mask=row_ok & (jq < HEAD_DIM)[None, None, :],
+                         other=0.0).to(tl.float32)
     # With the tail held whole, every load that does not wait on another is issued before
     # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
     # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
@@ -184,10 +189,14 @@ def _head_block(
         w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W, BIAS)
         if PASS > 0:
             w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, W, BIAS)
+            if TAIL_W2 > 0:
+                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, W, BIAS)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
         if PASS > 0 and TAIL_CHUNKS == 1:
             sum_sq += tl.sum(p * p, axis=2)
+            if TAIL_W2 > 0:
+                sum_sq += tl.sum(p2 * p2, axis=2)
         elif PASS > 0:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
@@ -222,6 +231,10 @@ def _head_block(
             if NORM:
                 p = _affine(p, rstd, w_p, b_p, BIAS)
             tl.store(dst + jp[None, None, :], p.to(out_ty), mask=row_ok & (jp < HEAD_DIM)[None, None, :])
+            if TAIL_W2 > 0:
+                if NORM:
+                    p2 = _affine(p2, rstd, w_p2, b_p2, BIAS)
+                tl.store(dst + jq[None, None, :], p2.to(out_ty), mask=row_ok & (jq < HEAD_DIM)[None, None, :])
         else:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
@@ -244,7 +257,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     pos_axis_stride, eps, weight_offset,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
-    TAIL_W: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
+    TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
     Q_BIAS: tl.constexpr, K_BIAS: tl.constexpr,
     Q_GATE: tl.constexpr, V_NORM: tl.constexpr,
@@ -275,6 +288,7 @@ def _split_qkv_rmsnorm_rope_kernel(
         ia = 2 * i
         ib = 2 * i + 1
     jp = 2 * HALF + tl.arange(0, TAIL_W)
+    jq = 2 * HALF + TAIL_W + tl.arange(0, TAIL_W2 if TAIL_W2 > 0 else 1)
 
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         head_block = tile % HEAD_BLOCKS
@@ -307,17 +321,17 @@ def _split_qkv_rmsnorm_rope_kernel(
         if head_block < Q_BLOCKS:
             q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
             _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp,
+                        q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                        PASS, TAIL_W, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
+                        PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
                         ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
-                            jp, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                            PASS, TAIL_W, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
+                            jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
+                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
         elif head_block < G_END:
             if Q_GATE:
@@ -325,8 +339,8 @@ def _split_qkv_rmsnorm_rope_kernel(
                 g_head = (head_block - K_END) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
                 _head_block(qkv_ptr + HEAD_DIM, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS,
                             qkv_stride, gate_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i,
-                            i, i + HALF, i_ok, jp, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
-                            HALF_PAD, True, PASS, TAIL_W, TAIL_CHUNKS, False, False, False, False,
+                            i, i + HALF, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
+                            HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, False, False, False, False,
                             Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
         else:
             if V_NORM:
@@ -334,8 +348,8 @@ def _split_qkv_rmsnorm_rope_kernel(
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 _head_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok,
                             v_head, NUM_KV_HEADS, qkv_stride, v_out_stride, cos, sin, cache_ptr, rows,
-                            rows_h, rows_w, i, i, i + HALF, i_ok, jp, k_w_ptr, k_b_ptr, weight_offset,
-                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_CHUNKS, True, False,
+                            rows_h, rows_w, i, i, i + HALF, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset,
+                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, True, False,
                             False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
                             INTERLEAVED)
 
@@ -475,7 +489,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
     return dict(
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
-        TAIL_W=plan.tail_width(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
+        TAIL_W=plan.tail_width(shape), TAIL_W2=plan.tail_width2(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
         IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,
         Q_GATE=shape.q_gate, V_NORM=shape.v_norm, MROPE=shape.mrope, SEC_T=sec_t, SEC_H=sec_h,
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),

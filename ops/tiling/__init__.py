@@ -150,8 +150,16 @@ class PlanBase:
         """Lanes of one chunk of the pass-through tail: by default the whole tail, padded."""
         return shape.pass_pad
 
+    def tail_width2(self, shape: KernelShape) -> int:
+        """Lanes of the tail's second piece when the tail is held whole as two pieces (a power of
+        two of :meth:`tail_width` lanes, then the rest padded); 0: one piece or chunks."""
+        return 0
+
     def tail_chunks(self, shape: KernelShape) -> int:
-        """Chunks of :meth:`tail_width` lanes covering the tail (1 when there is no tail)."""
+        """Chunks of :meth:`tail_width` lanes covering the tail (1 when there is no tail, and
+        when it is held as two pieces)."""
+        if self.tail_width2(shape):
+            return 1
         return max(1, -(-shape.pass_dim // self.tail_width(shape)))
 
     def num_tiles(self, shape: KernelShape, num_tokens: int) -> int:

@@ -59,6 +59,11 @@ SMALL_TILE_ELEMENTS = 1024
 #: Warps of a small-batch program: 4 was best on 3 of 4 geometries at T <= 64 (v5 sweep), the
 #: fourth (16/2/256 R64) was best at 4 in v5's first sweep.
 SMALL_WARPS = 4
+#: The small-batch plan holds a tail that is no power of two as two pieces (192 lanes as 128 + 64,
+#: not padded to 256): 16/2/256 R64 at T = 64 7.74 -> 7.04 us, gated 7.90 -> 7.01, 512 R128 with
+#: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, perf-notes v6). The
+#: large plans keep the chunked tail: two pieces were 16-20% slower there at T = 4096.
+SMALL_TWO_PIECE_TAIL = True
 
 
 @dataclass(frozen=True)
@@ -69,13 +74,22 @@ class CudaPlan(PlanBase):
     num_warps: int
     tail_lanes: int = 0  # lanes per pass-through tail chunk; 0: the whole tail at once
     late_rows: bool = LATE_ROWS  # the kernel's ROWS_AFTER_DATA
+    two_piece_tail: bool = False  # a whole tail that is no power of two held as two pieces
 
     @property
     def rows_after_data(self) -> bool:
         return self.late_rows
 
     def tail_width(self, shape: KernelShape) -> int:
-        return self.tail_lanes or shape.pass_pad
+        if self.tail_lanes:
+            return self.tail_lanes
+        return prev_pow2(shape.pass_dim) if self._split(shape) else shape.pass_pad
+
+    def tail_width2(self, shape: KernelShape) -> int:
+        return next_pow2(shape.pass_dim - prev_pow2(shape.pass_dim)) if self._split(shape) else 0
+
+    def _split(self, shape: KernelShape) -> bool:
+        return self.two_piece_tail and not self.tail_lanes and shape.pass_dim > prev_pow2(shape.pass_dim)
 
     @property
     def block_heads_k(self) -> int:
@@ -125,12 +139,14 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
 
     Tiles of ``SMALL_TILE_ELEMENTS`` (usually one token row of up to 8 heads) in ``SMALL_WARPS``
     warps. The tail is held whole: at these sizes the chunked tail's second load is latency on
-    the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2).
+    the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2);
+    a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``).
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
-                    max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=SMALL_WARPS)
+                    max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=SMALL_WARPS,
+                    two_piece_tail=SMALL_TWO_PIECE_TAIL)
 
 
 def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:
