@@ -49,6 +49,11 @@ BAR_FLOOR_RATIO = 1.3  # ours <= 1.3 x floor for T >= BAR_LARGE_TOKENS
 BAR_LAUNCH_RATIO = 1.3  # ours <= 1.3 x empty-kernel replay for T <= BAR_SMALL_TOKENS
 BAR_LARGE_TOKENS = 4096
 BAR_SMALL_TOKENS = 64
+#: The bar of issue 10, against the same-bytes copy of the same run: ours <= 1.10 x the copy for
+#: T >= BAR_LARGE_TOKENS and <= 1.25 x for T <= COPY_BAR_SMALL_TOKENS.
+COPY_BAR_LARGE = 1.10
+COPY_BAR_SMALL = 1.25
+COPY_BAR_SMALL_TOKENS = 256
 CPU_DISCLAIMER = ("CPU run: the kernel ran through the Triton interpreter; these timings mean "
                   "nothing for NPU or GPU speed.")
 TOLERANCE = {torch.bfloat16: 2.0**-6, torch.float16: 2.0**-9, torch.float32: 1e-5}
@@ -495,7 +500,8 @@ def format_table(result: dict) -> str:
 
 
 def bar_verdict(result: dict) -> list[str]:
-    """Issue 2's bar, line by line (CUDA runs): floor ratio, launch ratio, ours vs compile.
+    """Issue 2's bar, line by line (CUDA runs): floor ratio, launch ratio, ours vs compile; then
+    issue 10's: ours against the same-bytes copy at large and at small token counts.
 
     Each failing row is listed with what the same-bytes copy reached: where the copy itself is
     over the bar, no kernel that moves those bytes meets it as measured.
@@ -532,6 +538,16 @@ def bar_verdict(result: dict) -> list[str]:
     if compile_us:
         out.append("ours faster than torch.compile at every T: "
                    + ("PASS" if not slower else "FAIL (" + ", ".join(slower) + ")"))
+    for name, picked, bar in (
+            (f"T>={BAR_LARGE_TOKENS}: ours/copy", [r for r in rows if r.tokens >= BAR_LARGE_TOKENS], COPY_BAR_LARGE),
+            (f"T<={COPY_BAR_SMALL_TOKENS}: ours/copy", [r for r in rows if r.tokens <= COPY_BAR_SMALL_TOKENS],
+             COPY_BAR_SMALL)):
+        if not picked:
+            continue
+        worst = max(r.us / r.copy_us for r in picked)
+        out.append(f"{name} worst {worst:.2f} ({'PASS' if worst <= bar else 'FAIL'} <= {bar}; issue 10)")
+        out.extend(f"  over: {r.geometry} T={r.tokens} {r.us / r.copy_us:.2f}" for r in picked
+                   if r.us / r.copy_us > bar)
     return out
 
 

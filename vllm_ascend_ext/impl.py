@@ -16,7 +16,8 @@ One decision, in :func:`choose_impl`, driven by ``VLLM_ASCEND_EXT_IMPL`` (read t
     Always the AscendC kernel; ``RuntimeError`` naming the reason when it cannot serve the call.
 
 The AscendC kernel serves bf16/fp16 qkv with weights and biases of the same dtype, NeoX and
-GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``; it needs the
+GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, and the variants
+mRoPE, gated q, v-norm and q-only layers (``ascendc.SERVED_FEATURES``); it needs the
 CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
 op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
 
