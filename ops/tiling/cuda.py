@@ -64,6 +64,10 @@ SMALL_WARPS = 4
 #: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, perf-notes v6). The
 #: large plans keep the chunked tail: two pieces were 16-20% slower there at T = 4096.
 SMALL_TWO_PIECE_TAIL = True
+#: Tokens per small-batch tile at least with mRoPE ([3, T] positions: three row gathers a tile, so
+#: more tokens share them): 32/8/128 interleaved at T = 64 6.91 -> 6.37 us, at T = 256 8.26 ->
+#: 7.36 with 2 tokens rather than 1 (issue-10 sweep, perf-notes v6).
+SMALL_MROPE_MIN_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
+    if shape.mrope:
+        tokens = max(tokens, SMALL_MROPE_MIN_TOKENS)
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL)
