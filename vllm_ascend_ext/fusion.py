@@ -183,30 +183,32 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
-def _rotate_heads(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool) -> torch.Tensor:
+def _rotate_heads(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool, literal: bool = False) -> torch.Tensor:
     """Rotate dims ``[0, R)`` of each head of ``x`` ``[T, H, D]``; the rest pass through.
 
     When ``rotary_dim == head_dim`` the pass-through slice is empty and Inductor drops it (and
-    the cat with it), so it is not spelled here either.
+    the cat with it), so it is not spelled here either, unless ``literal`` (the graph plain
+    ``aot_autograd`` builds keeps both, and the full slice ``x[..., :D]`` as an alias).
     """
-    if rotary_dim < x.shape[-1]:
+    if literal or rotary_dim < x.shape[-1]:
         return torch.cat((_rotate(x[..., :rotary_dim], cos, sin, is_neox), x[..., rotary_dim:]), dim=-1)
     return _rotate(x, cos, sin, is_neox)
 
 
 def native_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
                 cos_sin_cache: torch.Tensor, head_dim: int, rotary_dim: int,
-                is_neox: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                is_neox: bool, literal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """vLLM's native rotary embedding on ``[T, H, D]`` q and k (returned in that shape).
 
-    ``key`` None is a q-only layer (Gemma-4's KV-shared layers): only q is rotated.
+    ``key`` None is a q-only layer (Gemma-4's KV-shared layers): only q is rotated. ``literal``:
+    the pass-through cat spelled even when empty (see :func:`_rotate_heads`).
     """
     positions = positions.flatten()
     cos_sin = cos_sin_cache.index_select(0, positions)
     cos, sin = cos_sin.chunk(2, dim=-1)
-    query = _rotate_heads(query, cos, sin, rotary_dim, is_neox)
+    query = _rotate_heads(query, cos, sin, rotary_dim, is_neox, literal)
     if key is not None:
-        key = _rotate_heads(key, cos, sin, rotary_dim, is_neox)
+        key = _rotate_heads(key, cos, sin, rotary_dim, is_neox, literal)
     return query, key
 
 
@@ -227,13 +229,14 @@ def _contiguous_lanes(x: torch.Tensor, section) -> torch.Tensor:
 
 def native_mrope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                  cos_sin_cache: torch.Tensor, head_dim: int, rotary_dim: int, is_neox: bool,
-                 mrope_section, mrope_interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's ``MRotaryEmbedding.forward_native`` on ``[3, T]`` positions and ``[T, H, D]`` q, k."""
+                 mrope_section, mrope_interleaved: bool, literal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's ``MRotaryEmbedding.forward_native`` on ``[3, T]`` positions and ``[T, H, D]`` q, k
+    (``literal``: see :func:`_rotate_heads`)."""
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
     lanes = _interleaved_lanes if mrope_interleaved else _contiguous_lanes
     cos, sin = lanes(cos, mrope_section), lanes(sin, mrope_section)
-    return (_rotate_heads(query, cos, sin, rotary_dim, is_neox),
-            _rotate_heads(key, cos, sin, rotary_dim, is_neox))
+    return (_rotate_heads(query, cos, sin, rotary_dim, is_neox, literal),
+            _rotate_heads(key, cos, sin, rotary_dim, is_neox, literal))
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,7 +271,8 @@ class RopeForm:
     """One spelling of the rotary embedding.
 
     ``apply(positions, q, k, cos_sin_cache, geometry) -> (q, k)``. A ``native`` form takes and
-    returns ``[T, H, D]`` tensors; the custom-op forms take and return ``[T, H*D]``. ``mrope``
+    returns ``[T, H, D]`` tensors (and a keyword ``literal``, see :func:`_rotate_heads`); the
+    custom-op forms take and return ``[T, H*D]``. ``mrope``
     forms serve mRoPE geometries (``[3, T]`` positions), the others plain ones; ``q_only``
     forms can spell a layer without k (``k`` None). ``accepts(geometry)`` narrows further
     (``npu_mrope``: contiguous sections only).
@@ -407,12 +411,13 @@ NATIVE_NORM = NormForm("native", native_rms_norm, weightless=_native_weightless)
 NATIVE_GEMMA_NORM = NormForm("native_gemma", native_gemma_rms_norm, weight_offset=1.0,
                              weightless=_native_weightless)
 NATIVE_ROPE = RopeForm(
-    "native", lambda positions, q, k, cache, g: native_rope(positions, q, k, cache, g.head_dim, g.rotary_dim,
-                                                            g.is_neox),
+    "native", lambda positions, q, k, cache, g, literal=False: native_rope(
+        positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox, literal),
     native=True, q_only=True)
 NATIVE_MROPE = RopeForm(
-    "native_mrope", lambda positions, q, k, cache, g: native_mrope(
-        positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox, g.mrope_section, g.mrope_interleaved),
+    "native_mrope", lambda positions, q, k, cache, g, literal=False: native_mrope(
+        positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox, g.mrope_section, g.mrope_interleaved,
+        literal),
     native=True, mrope=True)
 
 
@@ -441,11 +446,13 @@ def available_forms(ascend: AscendOps | None = None) -> list[tuple[NormForm | No
 # --------------------------------------------------------------------------------------------
 
 
-def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, v_norm: bool):
+def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, v_norm: bool,
+                 literal: bool = False):
     """The search and replacement functions of one (geometry, form).
 
     ``v_norm``: the pattern includes the v-norm (with ``geo.v_norm``; False spells v as the raw
     slice, so a v-norm the form cannot prove stays in the graph after the fused op).
+    ``literal``: a native RoPE spelled for the plain ``aot_autograd`` graph (:func:`_trace_aot`).
     """
     d, hq, hkv = geo.head_dim, geo.num_q_heads, geo.num_kv_heads
     q_part, kv_size = hq * d * (2 if geo.q_gate else 1), hkv * d
@@ -483,7 +490,10 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, 
         if rope.native:  # vLLM views by positions' length, the same symbol as qkv's rows
             q = q.view(q.shape[0], -1, d)
             k = k.view(k.shape[0], -1, d) if k is not None else None
-        q, k = rope.apply(positions, q, k, cos_sin_cache, geo)
+        if rope.native:
+            q, k = rope.apply(positions, q, k, cos_sin_cache, geo, literal=literal)
+        else:
+            q, k = rope.apply(positions, q, k, cos_sin_cache, geo)
         if k is None:
             return (q,)
         if v_norm:
@@ -755,6 +765,31 @@ def _trace(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
     return gm
 
 
+def _trace_aot(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:
+    """``fwd_only`` without Inductor's decompositions, with canonical reshape sizes: the forward
+    graph plain ``aot_autograd`` hands vllm-ascend's pass manager (no decomposition table, no
+    joint-graph passes, views kept as views)."""
+    kwargs["get_decomp_fn"] = dict  # the matcher passes Inductor's table; aot_autograd uses none
+    kwargs["run_functional_passes"] = False  # nor does it remove no-op views and slices
+    gm = pm.fwd_only(fn, args, *extra, **kwargs)
+    gm.graph.eliminate_dead_code()
+    canonicalize_reshapes(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def _traces(rope: RopeForm, ascend: bool) -> tuple:
+    """The traces a form is registered with. Inductor rewrites view -> reshape and runs its
+    joint-graph passes before custom passes (:func:`_trace`); vllm-ascend's own compiler
+    (plain ``aot_autograd`` + its pass manager) does neither: in a process with vllm-ascend's
+    ops (``ascend``) every form is also registered as that graph has it (:func:`_trace_aot`),
+    and vLLM's own custom-op RoPE as an aot_autograd graph without Inductor's passes would
+    (:func:`_trace_views`)."""
+    if ascend:
+        return (_trace, _trace_aot)
+    return (_trace,) if rope.native else (_trace, _trace_views)
+
+
 def _reads_every_input(search, example_inputs, trace) -> bool:
     """Whether ``search``, traced by ``trace``, reads every one of its inputs.
 
@@ -895,20 +930,20 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         patterns = pm.PatternMatcherPass(pass_name="vllm_ascend_ext_qk_norm_rope_fusion")
         seen = set()
         whole: dict[tuple, bool] = {}  # per form and trace: does its search read every input?
+        ascend = self.ascend()
+        in_ascend = any(op is not None for op in (ascend.rms_norm, ascend.gemma_rms_norm, ascend.rotary_embedding,
+                                                  ascend.mrope)) or bool(ascend.fused)
         with _fake_mode():
             for geo in geometries:
                 for norm, rope, v_norm, variant in _variants(geo, forms):
                     if variant in seen:
                         continue
                     seen.add(variant)
-                    # Inductor rewrites view -> reshape before custom passes; vllm-ascend's own
-                    # compiler (aot_autograd + its pass manager) does not: the custom-op forms
-                    # are registered in both spellings.
-                    traces = (_trace,) if rope.native else (_trace, _trace_views)
                     for dtype in self._dtypes:
                         inputs = _example_inputs(geo, norm is not None, dtype)
-                        for trace in traces:
-                            search, replace_fn = _pattern_fns(geo, norm, rope, v_norm)
+                        for trace in _traces(rope, in_ascend):
+                            search, replace_fn = _pattern_fns(geo, norm, rope, v_norm,
+                                                              literal=trace is _trace_aot)
                             form = (norm.name if norm else None, rope.name, trace.__name__)
                             if form not in whole:
                                 whole[form] = _reads_every_input(search, inputs, trace)

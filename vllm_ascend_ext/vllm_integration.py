@@ -42,7 +42,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -54,8 +54,11 @@ __all__ = [
     "WorkerState",
     "after_init_device",
     "after_load_model",
+    "call_features",
     "compare_digests",
     "declare_environment_variables",
+    "op_arguments",
+    "op_variants",
     "plan_digest",
     "register",
     "settle_geometries",
@@ -324,28 +327,31 @@ def settle_geometries(state: WorkerState, geometries, dtype: torch.dtype) -> Non
     """
     from . import impl
 
-    def key(geo):
-        return impl.geometry_key(geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim,
-                                 dtype, geo.is_neox)
+    def keys(geo):
+        """The impl keys of the kernel variants ``geo``'s calls may take (:func:`op_variants`)."""
+        return [impl.geometry_key(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, dtype, g.is_neox,
+                                  features=call_features(g, dtype)) for g in op_variants(geo)]
 
     failures = warm_up(state.device, geometries, dtype)
     mode = settings.impl()
     failed_keys: dict[tuple, str] = {}
     for geo, reason in failures.items():
-        impl.record_triton_failure(key(geo), reason)
-        failed_keys.setdefault(key(geo), f"it shares its Triton kernel key with {geo.label}: {reason}")
+        for key in keys(geo):
+            impl.record_triton_failure(key, reason)
+            failed_keys.setdefault(key, f"it shares its Triton kernel key with {geo.label}: {reason}")
     fused, unfused, ascendc = [], {}, {}
     for geo in geometries:
-        reason = failures.get(geo) or failed_keys.get(key(geo))
+        reason = failures.get(geo) or next((failed_keys[k] for k in keys(geo) if k in failed_keys), None)
         if reason is None:
             fused.append(geo)
             continue
         if mode != "auto":
             cannot = f"{settings.IMPL}={mode} allows no fallback"
         else:
-            cannot = impl.ascendc_unavailable_reason(
-                state.device, dtype=dtype, head_dim=geo.head_dim,
-                weight_dtypes=(dtype, dtype) if geo.qk_norm else (), cache_dtype=dtype)
+            cannot = next(filter(None, (impl.ascendc_unavailable_reason(
+                state.device, dtype=dtype, head_dim=g.head_dim,
+                weight_dtypes=(dtype,) * (2 if g.num_kv_heads else 1) if g.qk_norm else (), cache_dtype=dtype,
+                features=call_features(g, dtype)) for g in op_variants(geo))), None)
         if cannot is None:
             fused.append(geo)
             ascendc[geo] = reason
@@ -370,34 +376,68 @@ def _facts_text(facts: dict) -> str:
 
 
 def _plan_cases(device: torch.device, geometries, dtype: torch.dtype):
-    """Yield ``(geometry, shape, tokens)``: one token count per launch plan of each geometry on
-    ``device`` (on CUDA the small-batch and the large plan)."""
+    """Yield ``(geometry, variant, shape, tokens)``: one token count per launch plan of each op
+    variant (:func:`op_variants`) of each geometry on ``device`` (on CUDA the small-batch and
+    the large plan)."""
     from .ops.tiling import KernelShape, warm_up_token_counts
 
     elem = torch.empty((), dtype=dtype).element_size()
     for geo in geometries:
-        shape = KernelShape.of(geo, elem, elem)
-        for tokens in warm_up_token_counts(device, shape):
-            yield geo, shape, tokens
+        for variant in op_variants(geo):
+            shape = KernelShape.of(variant, elem, elem)
+            for tokens in warm_up_token_counts(device, shape):
+                yield geo, variant, shape, tokens
 
 
 def build_plans(device: torch.device, geometries, dtype: torch.dtype) -> list[dict]:
-    """The launch plans of every geometry on ``device`` (the op's own planner; on CUDA the
-    small-batch and the large plan), as plain dicts."""
+    """The launch plans of every geometry's op variants on ``device`` (the op's own planner; on
+    CUDA the small-batch and the large plan), as plain dicts."""
     from .ops.tiling import plan_for
 
     plans = []
-    for geo, shape, tokens in _plan_cases(device, geometries, dtype):
+    for _, variant, shape, tokens in _plan_cases(device, geometries, dtype):
         plan = plan_for(device, shape, tokens)
-        plans.append({"geometry": asdict(geo), "tokens": tokens, "plan": type(plan).__name__,
+        plans.append({"geometry": asdict(variant), "tokens": tokens, "plan": type(plan).__name__,
                       "fields": {k: v for k, v in sorted(vars(plan).items())
                                  if isinstance(v, (int, float, str, bool))}})
     return plans
 
 
+def op_variants(geo: AttentionGeometry) -> list[AttentionGeometry]:
+    """The op variants a layer of ``geo`` may call: ``geo`` itself and, for a v-norm geometry,
+    the same without the v-norm (what the fusion pass fuses where it cannot prove the graph's
+    v-norm weightless: vllm-ascend's ``npu_rms_norm`` with its ones weight)."""
+    return [geo, replace(geo, v_norm=False)] if geo.v_norm and geo.num_kv_heads else [geo]
+
+
+def op_arguments(geo: AttentionGeometry, dtype: torch.dtype, device: torch.device, tokens: int) -> tuple:
+    """``(args, kwargs)`` of one call of the functional op for ``geo`` (zeros; ``[3, T]``
+    positions for mRoPE, no k weight for a q-only layer): what warm-up runs."""
+    weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
+    positions = (3, tokens) if geo.mrope_section is not None else (tokens,)
+    args = (torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device), weight,
+            weight if geo.num_kv_heads else None, torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device),
+            torch.zeros(*positions, dtype=torch.int64, device=device), geo.num_q_heads, geo.num_kv_heads,
+            geo.head_dim, geo.eps)
+    options = geo.op_options
+    if options["mrope_section"] is not None:
+        options["mrope_section"] = list(options["mrope_section"])
+    return args, dict(is_neox=geo.is_neox, weight_offset=geo.weight_offset, **options)
+
+
+def call_features(geo: AttentionGeometry, dtype: torch.dtype) -> frozenset[str]:
+    """The op's ``Call.features`` for a call of ``geo`` (asked of the one validator): the
+    variant the kernel is compiled for, what :func:`vllm_ascend_ext.impl.geometry_key` keys on."""
+    from .ops import validation
+
+    args, kwargs = op_arguments(geo, dtype, torch.device("cpu"), 1)
+    return validation.split_qkv_rmsnorm_rope(*args, **kwargs).features
+
+
 def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[AttentionGeometry, str]:
-    """Run the fused op on ``device`` once per geometry and plan (CUDA has a small-batch and a
-    large plan): Triton compiles each kernel now, not inside a graph capture.
+    """Run the fused op on ``device`` once per geometry, op variant (:func:`op_variants`) and
+    plan (CUDA has a small-batch and a large plan): Triton compiles each kernel now, not
+    inside a graph capture.
 
     Parameters
     ----------
@@ -423,16 +463,12 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[Attent
 
     op = custom_ops.functional_op()
     failures: dict[AttentionGeometry, str] = {}
-    for geo, _, tokens in _plan_cases(device, geometries, dtype):
+    for geo, variant, _, tokens in _plan_cases(device, geometries, dtype):
         if geo in failures:
             continue
-        weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
-        cache = torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device)
-        qkv = torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device)
-        positions = torch.zeros(tokens, dtype=torch.int64, device=device)
         try:
-            op(qkv, weight, weight, cache, positions, geo.num_q_heads, geo.num_kv_heads,
-               geo.head_dim, geo.eps, is_neox=geo.is_neox, weight_offset=geo.weight_offset)
+            args, kwargs = op_arguments(variant, dtype, device, tokens)
+            op(*args, **kwargs)
         except settings.SettingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run

@@ -25,7 +25,7 @@ import torch
 
 from vllm_ascend_ext import custom_ops, impl
 from vllm_ascend_ext import vllm_integration as vi
-from vllm_ascend_ext.geometry import model_geometries
+from vllm_ascend_ext.geometry import model_geometries, module_geometry
 from vllm_ascend_ext.ops import settings
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -211,6 +211,138 @@ def test_model_geometries_reads_layers():
         AttentionGeometry(4, 2, 32, 32, qk_norm=False))
 
 
+# ---- the issue-10 variants, read as vLLM 0.32's modules carry them --------------------------
+
+
+class _MRope(_Rope):
+    """``MRotaryEmbedding``'s attributes (Qwen3-VL 8B: sections [24, 20, 20] interleaved)."""
+
+    head_size, rotary_dim = 128, 128
+
+    def __init__(self, section=(24, 20, 20), interleaved=True):
+        super().__init__()
+        self.mrope_section, self.mrope_interleaved = list(section), interleaved
+
+
+class GemmaRMSNorm(_Norm):
+    """Named as vLLM's (``Qwen3NextRMSNorm`` is an alias of it): the q/k norm is ``x * (1 + w)``."""
+
+
+class _WeightlessNorm(_Norm):
+    has_weight = False
+
+
+def _module(hq, hkv, d, rope, **attrs):
+    """An attention module with vLLM's attribute names (``attn``, ``rotary_emb``, norms, flags)."""
+    module = torch.nn.Module()
+    module.attn = types.SimpleNamespace(num_heads=hq, num_kv_heads=hkv, head_size=d)
+    module.rotary_emb = rope
+    for name, value in attrs.items():
+        setattr(module, name, value)
+    return module
+
+
+def _rope(d, r, **attrs):
+    rope = types.SimpleNamespace(head_size=d, rotary_dim=r, is_neox_style=True)
+    rope.__dict__.update(attrs)
+    return rope
+
+
+QWEN3_VL = AttentionGeometry(32, 8, 128, 128, eps=1e-6, mrope_section=(24, 20, 20), mrope_interleaved=True)
+QWEN25_VL = AttentionGeometry(28, 4, 128, 128, qk_norm=False, mrope_section=(16, 24, 24))
+QWEN3_NEXT = AttentionGeometry(16, 2, 256, 64, weight_offset=1.0, eps=1e-6, q_gate=True)
+QWEN35 = AttentionGeometry(16, 2, 256, 64, weight_offset=1.0, eps=1e-6, q_gate=True, mrope_section=(11, 11, 10),
+                           mrope_interleaved=True)
+GEMMA4 = AttentionGeometry(8, 1, 256, 256, eps=1e-6, v_norm=True)
+GEMMA4_Q_ONLY = AttentionGeometry(8, 0, 512, 512, eps=1e-6)
+
+
+@pytest.mark.parametrize("module, want", [
+    (_module(32, 8, 128, _MRope(), q_norm=_Norm(), k_norm=_Norm()), QWEN3_VL),
+    (_module(28, 4, 128, _rope(128, 128, mrope_section=[16, 24, 24], mrope_interleaved=False)), QWEN25_VL),
+    (_module(16, 2, 256, _rope(256, 64), q_norm=GemmaRMSNorm(), k_norm=GemmaRMSNorm(), attn_output_gate=True),
+     QWEN3_NEXT),
+    (_module(16, 2, 256, _rope(256, 64, mrope_section=[11, 11, 10], mrope_interleaved=True), q_norm=GemmaRMSNorm(),
+             k_norm=GemmaRMSNorm(), attn_output_gate=True), QWEN35),
+    (_module(8, 1, 256, _rope(256, 256), q_norm=_Norm(), k_norm=_Norm(), v_norm=_WeightlessNorm(),
+             is_kv_shared_layer=False), GEMMA4),
+    # a KV-shared layer: attn keeps the target layer's kv heads, the prologue has none
+    (_module(8, 1, 512, _rope(512, 512), q_norm=_Norm(), is_kv_shared_layer=True), GEMMA4_Q_ONLY),
+    # a v-norm with a weight is not the op's: q and k are fused, v's norm stays in the graph
+    (_module(8, 1, 256, _rope(256, 256), q_norm=_Norm(), k_norm=_Norm(), v_norm=_Norm()),
+     AttentionGeometry(8, 1, 256, 256, eps=1e-6)),
+    # vLLM's own fused gated kernel serves it (CUDA): not ours
+    (_module(16, 2, 256, _rope(256, 64), q_norm=GemmaRMSNorm(), k_norm=GemmaRMSNorm(), attn_output_gate=True,
+             use_fused_qk_norm_rope_gate=True), None),
+    # sections the op cannot serve (not three; not summing to R/2)
+    (_module(32, 8, 128, _rope(128, 128, mrope_section=[32, 32]), q_norm=_Norm(), k_norm=_Norm()), None),
+    (_module(32, 8, 128, _rope(128, 128, mrope_section=[24, 20, 21]), q_norm=_Norm(), k_norm=_Norm()), None),
+    # a KV-shared layer without a q norm has no prologue the op serves
+    (_module(8, 1, 512, _rope(512, 512), is_kv_shared_layer=True), None),
+], ids=["qwen3-vl", "qwen2.5-vl", "qwen3-next", "qwen3.5", "gemma4", "gemma4-q-only", "weighted-v-norm",
+        "vllm-fused-gate", "two-sections", "sections-not-r/2", "q-only-no-norm"])
+def test_module_geometry_reads_the_variants(module, want):
+    assert module_geometry(module) == want
+
+
+def _recording_op(seen):
+    def op(qkv, q_weight, k_weight, cache, positions, hq, hkv, d, eps, **kwargs):
+        seen.append(dict(qkv=tuple(qkv.shape), q_weight=q_weight is not None, k_weight=k_weight is not None,
+                         positions=tuple(positions.shape), **kwargs))
+
+    return op
+
+
+def test_warm_up_calls_every_variant_as_the_pass_will(monkeypatch):
+    # mRoPE with [3, T] positions, the gate with a (2*Hq + 2*Hkv)*D wide qkv, a q-only layer
+    # without k weight, and a v-norm geometry twice: with the v-norm and without it (what the
+    # pass fuses where it cannot prove the graph's v-norm weightless).
+    calls: list = []
+    monkeypatch.setattr(custom_ops, "functional_op", lambda: _recording_op(calls))
+    assert vi.warm_up(CPU, [QWEN3_VL, QWEN35, GEMMA4, GEMMA4_Q_ONLY], torch.bfloat16) == {}
+    assert [(c["positions"], c["qkv"], c["k_weight"], c["q_gate"], c["v_norm"], c["mrope_section"],
+             c["mrope_interleaved"], c["weight_offset"]) for c in calls] == [
+        ((3, 1), (1, 48 * 128), True, False, False, [24, 20, 20], True, 0.0),
+        ((3, 1), (1, 36 * 256), True, True, False, [11, 11, 10], True, 1.0),
+        ((1,), (1, 10 * 256), True, False, True, None, False, 0.0),
+        ((1,), (1, 10 * 256), True, False, False, None, False, 0.0),
+        ((1,), (1, 8 * 512), False, False, False, None, False, 0.0)]
+
+
+def test_warm_up_failure_of_a_variant_is_keyed_by_its_features(fallback, hook_log, monkeypatch):
+    fallback.fail = lambda hq, q_weight: hq == 8  # the Gemma-4 layers
+    state = vi.WorkerState(device=CPU, backend="ascend", facts=vi.read_facts(CPU))
+    vi.settle_geometries(state, [QWEN3_VL, GEMMA4, GEMMA4_Q_ONLY], torch.bfloat16)
+    assert state.geometries == [QWEN3_VL] and list(state.unfused) == [GEMMA4, GEMMA4_Q_ONLY]
+    keys = [key for key, _ in fallback.recorded]
+    assert keys == [_key(GEMMA4, features=frozenset({"v_norm"})), _key(GEMMA4),
+                    _key(GEMMA4_Q_ONLY, features=frozenset({"q_only"}))]
+    # AscendC is asked per variant, until one it cannot serve (then the geometry is unfused)
+    assert [asked["features"] for _, asked in fallback.asked] == [frozenset({"v_norm"}), frozenset({"q_only"})]
+    assert fallback.asked[1][1]["weight_dtypes"] == (torch.bfloat16,)  # q's weight only
+    assert len(_warnings(hook_log)) == 2
+    # The digest covers the fused geometry's variant plans only.
+    assert state.digest == vi.plan_digest(state.facts, vi.build_plans(CPU, [QWEN3_VL], torch.bfloat16))
+
+
+def test_call_features_are_the_validators():
+    assert vi.call_features(QWEN3_VL, torch.bfloat16) == {"mrope"}
+    assert vi.call_features(QWEN35, torch.bfloat16) == {"mrope", "q_gate"}
+    assert vi.call_features(GEMMA4, torch.bfloat16) == {"v_norm"}
+    assert vi.call_features(GEMMA4_Q_ONLY, torch.bfloat16) == {"q_only"}
+    assert vi.op_variants(GEMMA4) == [GEMMA4, AttentionGeometry(8, 1, 256, 256, eps=1e-6)]
+
+
+def test_warm_up_runs_the_real_op_for_every_variant():
+    # The real op (Triton interpreter), small geometries of each family: nothing fails.
+    small = [AttentionGeometry(2, 1, 16, 16, mrope_section=(3, 3, 2), mrope_interleaved=True),
+             AttentionGeometry(2, 1, 16, 8, qk_norm=False, mrope_section=(2, 1, 1)),
+             AttentionGeometry(2, 1, 16, 8, weight_offset=1.0, q_gate=True, mrope_section=(2, 1, 1),
+                               mrope_interleaved=True),
+             AttentionGeometry(2, 1, 16, 16, v_norm=True), AttentionGeometry(2, 0, 16, 16)]
+    assert vi.warm_up(CPU, small, torch.float32) == {}
+
+
 # ---- warm-up compile failures: record, route to AscendC or leave unfused ---------------------
 
 WIDE, NARROW = AttentionGeometry(4, 2, 32, 32, eps=1e-6), AttentionGeometry(2, 2, 32, 32, eps=1e-6)
@@ -274,9 +406,9 @@ def _warnings(log) -> list[str]:
     return [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
 
 
-def _key(geo, dtype=torch.bfloat16):
+def _key(geo, dtype=torch.bfloat16, features=frozenset()):
     return impl.geometry_key(geo.num_q_heads, geo.num_kv_heads, geo.head_dim, geo.rotary_dim, dtype,
-                             geo.is_neox)
+                             geo.is_neox, features=features)
 
 
 def test_warm_up_failure_leaves_the_geometry_unfused(fallback, hook_log):
@@ -287,7 +419,7 @@ def test_warm_up_failure_leaves_the_geometry_unfused(fallback, hook_log):
     assert fallback.recorded == [(_key(NARROW), reason)]
     assert fallback.asked == [(CPU, dict(dtype=torch.bfloat16, head_dim=32,
                                          weight_dtypes=(torch.bfloat16, torch.bfloat16),
-                                         cache_dtype=torch.bfloat16))]
+                                         cache_dtype=torch.bfloat16, features=frozenset()))]
     warnings = _warnings(hook_log)
     assert len(warnings) == 1
     assert NARROW.label in warnings[0] and "left unfused" in warnings[0] and reason in warnings[0]
