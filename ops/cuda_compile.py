@@ -7,10 +7,19 @@ Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PT
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
 (which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
-at TP 1/2/4/8 this builds both CUDA plans (large and small-batch), compiles the kernel with the
-divisibility hints a real launch gets (pointers and row strides divisible by 16), and requires
-the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` / ``st.global.v4`` in
-the PTX; the small-batch plan's one-token tiles at least in 8-byte ones). It also assembles the
+at each TP size it runs at this builds both CUDA plans (large and small-batch), compiles the
+kernel with the divisibility hints a real launch gets (pointers and row strides divisible by 16),
+and requires the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` /
+``st.global.v4`` in the PTX; the small-batch plan's one-token tiles at least in 8-byte ones).
+A geometry with issue 10's arms or rows (the gate copy, v-norm, mRoPE's h/w cos/sin rows) is
+also compiled without them under the same plan, and what they add is checked: under the large
+plan more 16-byte accesses and not one more 2- or 4-byte scalar access; under the small-batch
+plan not one more 2-byte access, and (the gate and v arms) more 8- or 16-byte ones. (The
+small-batch plan spreads a one- or two-token tile over 128 threads, so its cos/sin rows and
+narrow halves are moved one fp32 or two bf16 values per thread, coalesced, in every arm: 4-byte
+accesses there are the layout, not a split.) So an arm that fell apart into scalars fails even
+when the rest of the kernel is vectorised. Rows of the table that compile to the same kernel
+are compiled once. It also assembles the
 PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes:
 registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
 the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
@@ -27,6 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 
 from ._check_common import first_error, refuse_interpreted_kernel
 from .device import cuda_facts
@@ -35,25 +45,53 @@ from .tiling import KernelShape, cuda
 
 #: Compute capability of the H100/H200 this project measures on.
 TARGET_ARCH = 90
-_DIVISIBLE = ("qkv_ptr", "q_out_ptr", "k_out_ptr", "q_w_ptr", "k_w_ptr", "q_b_ptr", "k_b_ptr",
-              "cache_ptr", "pos_ptr", "qkv_stride", "q_out_stride", "k_out_stride", "cache_stride")
+#: Arguments a real launch passes divisible by 16 (Triton specialises them so): the tensors
+#: (allocated 16-byte aligned) and their row strides. Not ``pos_axis_stride``: it is the token
+#: count for ``[3, T]`` positions.
+_DIVISIBLE = ("qkv_ptr", "q_out_ptr", "k_out_ptr", "gate_out_ptr", "v_out_ptr", "q_w_ptr", "k_w_ptr",
+              "q_b_ptr", "k_b_ptr", "cache_ptr", "pos_ptr", "qkv_stride", "q_out_stride", "k_out_stride",
+              "gate_out_stride", "v_out_stride", "cache_stride")
 
 
-def compile_plan(geometry, small: bool = False) -> dict:
-    """Compile one geometry's CUDA plan (``small``: the small-batch plan) to PTX; count the
-    vector and scalar global accesses."""
+def bare(geometry):
+    """``geometry`` without issue 10's extra arms and rows (gate, v-norm, mRoPE), or ``None``
+    when it has none (a q-only layer keeps its shape: there is no k to put back)."""
+    if not (geometry.q_gate or geometry.v_norm or geometry.mrope_section is not None):
+        return None
+    return replace(geometry, q_gate=False, v_norm=False, mrope_section=None, mrope_interleaved=False)
+
+
+def _kernel(geometry, small: bool, plan_geometry=None):
+    """The plan, signature and constexprs of one geometry under the plan ``plan_geometry``
+    (default: its own) gets."""
+    from .split_qkv_rmsnorm_rope import _constexprs, _signature
+
+    shape = KernelShape.of(geometry, 2, 4)
+    plan = (cuda.small_batch_plan if small else cuda.plan)(KernelShape.of(plan_geometry or geometry, 2, 4),
+                                                           cuda_facts())
+    constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
+                             q_bias=False, k_bias=False, mrope_section=geometry.mrope_section,
+                             mrope_interleaved=geometry.mrope_interleaved)
+    return shape, plan, _signature("bf16", "fp32"), constexprs
+
+
+def _key(geometry, small: bool, plan_geometry=None) -> tuple:
+    """What decides the compiled kernel (rows of the table that share it compile once)."""
+    _, plan, signature, constexprs = _kernel(geometry, small, plan_geometry)
+    return tuple(signature.items()), tuple(sorted(constexprs.items())), tuple(sorted(plan.launch_options.items()))
+
+
+def compile_plan(geometry, small: bool = False, plan_geometry=None) -> dict:
+    """Compile one geometry's CUDA plan (``small``: the small-batch plan; ``plan_geometry``: the
+    plan of another geometry, default its own) to PTX; count the vector and scalar global
+    accesses."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .split_qkv_rmsnorm_rope import _constexprs, _signature
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
-    shape = KernelShape.of(geometry, 2, 4)
-    plan = (cuda.small_batch_plan if small else cuda.plan)(shape, cuda_facts())
-    signature = _signature("bf16", "fp32")
-    constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
-                             q_bias=False, k_bias=False)
+    shape, plan, signature, constexprs = _kernel(geometry, small, plan_geometry)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _DIVISIBLE}
     signature |= {name: "constexpr" for name in constexprs}
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
@@ -63,7 +101,8 @@ def compile_plan(geometry, small: bool = False) -> dict:
     return {"plan": plan, "tail": plan.tail_width(shape) if shape.pass_dim else 0,
             "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
             "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
-            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)), **_ptxas_report(ptx)}
+            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)),
+            "scalar32": len(re.findall(r"(?:ld|st)\.global\.b32", ptx)), **_ptxas_report(ptx)}
 
 
 def _ptxas_report(ptx: str) -> dict:
@@ -85,11 +124,25 @@ def _ptxas_report(ptx: str) -> dict:
 
 
 def _compile_job(job) -> tuple[dict | None, str | None]:
-    """:func:`compile_plan` for one ``(geometry, small)``: its row, or the error's first line."""
+    """:func:`compile_plan` for one ``(geometry, small, plan_geometry)``: its row, or the error's
+    first line."""
     try:
         return compile_plan(*job), None
     except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
         return None, f"{type(exc).__name__}: {first_error(exc)}"
+
+
+def _added_problems(geometry, row: dict, without: dict, small: bool) -> tuple[str, list[str]]:
+    """What the extra arms and rows add (``row``'s counts less the bare kernel's), as
+    ``vectors/2-byte/4-byte``, and what is wrong with it (module docstring)."""
+    vectors = row["v4"] - without["v4"] + (row["v2"] - without["v2"] if small else 0)
+    b16, b32 = row["scalar16"] - without["scalar16"], row["scalar32"] - without["scalar32"]
+    problems = []
+    if b16 > 0 or (b32 > 0 and not small):
+        problems.append(f"the gate / v / mRoPE accesses add {b16} 2-byte and {b32} 4-byte scalar accesses")
+    if vectors <= 0 and (not small or geometry.q_gate or geometry.v_norm):
+        problems.append(f"the gate / v / mRoPE accesses add no {'8- or ' if small else ''}16-byte access")
+    return f"{vectors:+d}/{b16:+d}/{b32:+d}", problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,28 +157,50 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     jobs = [(f"{name} tp{tp}", geometry, small) for name, tp, geometry in geometry_table()
             for small in (False, True)]
-    print(f"{'plan':24} {'geometry':26} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
-          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'regs':>4} {'spill':>5}  status")
+    # Each distinct kernel once: the table's, then the bare kernels (without the extra arms,
+    # under the same plan) of those with issue 10's arms.
+    work: dict = {}
+    for _, geometry, small in jobs:
+        work.setdefault(_key(geometry, small), (geometry, small, None))
+        if bare(geometry) is not None:
+            work.setdefault(_key(bare(geometry), small, geometry), (bare(geometry), small, geometry))
+    print(f"{'plan':34} {'geometry':40} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
+          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'added':>10} {'regs':>4} {'spill':>5}  status")
     ok = 0
     # The plans compile independently: one process per CPU core (CI has two).
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(_compile_job, [(geometry, small) for _, geometry, small in jobs]))
-    for (label, geometry, small), (row, error) in zip(jobs, results):
+        results = dict(zip(work, pool.map(_compile_job, work.values())))
+    seen: dict = {}
+    for label, geometry, small in jobs:
         kind = "small" if small else "large"
+        key = _key(geometry, small)
+        row, error = results[key]
+        same = f" (= {seen[key]})" if key in seen else ""
+        seen.setdefault(key, label)
         if error is not None:
-            print(f"{label:24} {geometry.label:26} {kind:5} compile failed: {error}")
+            print(f"{label:34} {geometry.label:40} {kind:5} compile failed: {error}{same}")
             continue
         plan = row["plan"]
         # The large plan's tiles must move in 16-byte vectors; the small-batch plan's one-token
         # tiles spread over 4 warps may use 8-byte ones, but never only scalars.
-        good = row["v4"] > 0 if not small else row["v4"] + row["v2"] > 0
-        ok += good
-        print(f"{label:24} {geometry.label:26} {kind:5} {plan.block_tokens:3d} "
+        problems = [] if (row["v4"] > 0 if not small else row["v4"] + row["v2"] > 0) else ["no vector accesses"]
+        added = ""
+        if bare(geometry) is not None:
+            without, error = results[_key(bare(geometry), small, geometry)]
+            if error is not None:
+                problems.append(f"the bare kernel failed: {error}")
+            else:
+                added, more = _added_problems(geometry, row, without, small)
+                problems += more
+        ok += not problems
+        print(f"{label:34} {geometry.label:40} {kind:5} {plan.block_tokens:3d} "
               f"{plan.block_heads:4d} {plan.block_heads_k:4d} {row['tail']:4d} "
-              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} "
+              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>10} "
               f"{row['registers']:4d} {row['spill_bytes']:5d}  "
-              f"{'ok' if good else 'FAIL: no vector accesses'}")
-    print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU)")
+              f"{'ok' if not problems else 'FAIL: ' + '; '.join(problems)}{same}")
+    print("added: vector / 2-byte / 4-byte global accesses the gate, v and mRoPE rows add to the kernel without them")
+    print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU; "
+          f"{len(work)} distinct kernels, bare ones included)")
     return 0 if ok == len(jobs) else 1
 
 
