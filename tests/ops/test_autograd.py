@@ -21,12 +21,15 @@ from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 GEOMETRY = AttentionGeometry(num_q_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16)
+#: Issue 10's variants that write in place: v-norm (v's columns too), with mRoPE positions.
+VARIANT = AttentionGeometry(num_q_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16, v_norm=True,
+                            mrope_section=(4, 2, 2), mrope_interleaved=True)
 ARG_NAMES = ("qkv", "q_weight", "k_weight", "cos_sin_cache", "positions", "num_q_heads", "num_kv_heads",
              "head_dim", "eps")
 
 
-def _inputs(device, *, bias=False) -> dict:
-    return reference.make_inputs(GEOMETRY, 5, device=device, dtype=torch.float32, bias=bias)
+def _inputs(device, *, bias=False, geometry=GEOMETRY) -> dict:
+    return reference.make_inputs(geometry, 5, device=device, dtype=torch.float32, bias=bias)
 
 
 def _positional(kwargs: dict) -> tuple[tuple, dict]:
@@ -58,18 +61,19 @@ OUT_OF_PLACE = {"python op": _python_op, "custom op": _custom_op}
 EVERY_FORM = {**{f"{k} inplace": v for k, v in IN_PLACE.items()}, **OUT_OF_PLACE}
 
 
+@pytest.mark.parametrize("geometry", [GEOMETRY, VARIANT], ids=lambda g: g.label)
 @pytest.mark.parametrize("run", IN_PLACE.values(), ids=IN_PLACE.keys())
-def test_inplace_write_invalidates_a_saved_qkv(device, run):
-    kwargs = _inputs(device)
+def test_inplace_write_invalidates_a_saved_qkv(device, run, geometry):
+    kwargs = _inputs(device, geometry=geometry)
     qkv = kwargs["qkv"]
-    want_q, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
+    want = torch.cat(reference.split_qkv_rmsnorm_rope(**kwargs), dim=1)  # q, k, v: qkv after the write
     w = torch.randn(qkv.shape, device=device, requires_grad=True)
     y = (w * qkv).sum()  # saves qkv for w's gradient
     version = qkv._version
     with torch.no_grad():
         run(kwargs)
     assert qkv._version > version
-    torch.testing.assert_close(qkv[:, :want_q.shape[1]].double(), want_q, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(qkv.double(), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
 
@@ -102,7 +106,7 @@ def test_inplace_on_an_inference_tensor(device, run):
 @pytest.mark.parametrize("name", ["qkv", "q_weight", "k_weight", "q_bias", "cos_sin_cache"])
 @pytest.mark.parametrize("run", EVERY_FORM.values(), ids=EVERY_FORM.keys())
 def test_grad_requiring_tensor_is_refused_under_grad_mode(device, run, name):
-    kwargs = _inputs(device, bias=True)
+    kwargs = _inputs(device, bias=True, geometry=VARIANT)
     kwargs[name].requires_grad_()
     before = kwargs["qkv"].detach().clone()
     with pytest.raises(ValueError, match=f"{name} requires grad"):
