@@ -13,7 +13,25 @@ A config is read into the same :class:`~vllm_ascend_ext.ops.models.ModelSpec` th
   when the config says ``rope_interleaved`` / ``rotary_interleaved``; NeoX otherwise;
 * q/k norm: ``use_qk_norm`` / ``qk_norm`` / ``qk_layernorm`` when the config has one, else by
   ``model_type`` (:data:`QK_NORM_MODEL_TYPES`); ``(1 + w)`` norms for :data:`OFFSET_NORM_MODEL_TYPES`;
-* epsilon: ``rms_norm_eps`` (or ``layernorm_epsilon`` / ``layer_norm_eps``).
+* epsilon: ``rms_norm_eps`` (or ``layernorm_epsilon`` / ``layer_norm_eps``);
+* mRoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5): ``mrope_section`` (three lanes counts t/h/w)
+  and ``mrope_interleaved`` in ``rope_parameters`` / ``rope_scaling``, as vLLM's ``get_rope``
+  reads them;
+* a gate beside each q head (Qwen3-Next, Qwen3.5): ``attn_output_gate`` when the config has
+  it, else by ``model_type`` (:data:`GATED_MODEL_TYPES`: vLLM's ``Qwen3NextAttention`` gates
+  unless told not to);
+* v-norm (Gemma-4): by ``model_type`` (:data:`V_NORM_MODEL_TYPES`), on every layer that
+  projects k and v.
+
+Layer types: ``layer_types`` names each layer's kind. Only softmax-attention kinds
+(:data:`ATTENTION_LAYER_TYPES`) have the op's prologue (Qwen3-Next's ``linear_attention`` layers
+do not). Gemma-4 gives its kinds different geometries: full-attention layers take
+``global_head_dim`` (transformers' default 512 when absent) and, with ``attention_k_eq_v``,
+``num_global_key_value_heads``; each kind's rotary comes from ``rope_parameters[<kind>]``
+(``"proportional"`` RoPE rotates the whole head in vLLM: R = D); an explicit
+``per_layer_config`` (layer index -> overrides) replaces that derivation, as in transformers;
+the last ``num_kv_shared_layers`` layers project q only (``num_kv_heads = 0``). Each distinct
+geometry is one spec, named ``<model>:<kind>`` when there are several (``plan`` prints each).
 
 Multimodal configs keep the language model under ``text_config``; it is used when the top
 level has no ``num_attention_heads``. Flags on the command line override every guess.
@@ -30,35 +48,55 @@ from pathlib import Path
 from .common import CliError
 
 __all__ = [
+    "ATTENTION_LAYER_TYPES",
     "DTYPE_BYTES",
+    "GATED_MODEL_TYPES",
+    "GLOBAL_GEOMETRY_MODEL_TYPES",
     "GPTJ_MODEL_TYPES",
     "OFFSET_NORM_MODEL_TYPES",
     "QK_NORM_MODEL_TYPES",
+    "V_NORM_MODEL_TYPES",
     "ResolvedModel",
     "parse_int_list",
     "override",
     "resolve_model",
+    "resolve_models",
     "shard_checked",
-    "spec_from_config",
+    "specs_from_config",
 ]
 
 #: Model types whose attention RMS-normalises q and k per head (vLLM's model files).
 QK_NORM_MODEL_TYPES = frozenset({
     "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl_text", "qwen3_vl_moe_text",
-    "gemma3", "gemma3_text", "gemma3n_text", "glm4_moe", "mimo_v2_flash", "bailing_moe",
-    "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "minimax_m2", "olmoe", "ernie4_5_moe",
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "gemma3", "gemma3_text", "gemma3n_text", "gemma4", "gemma4_text", "glm4_moe", "mimo_v2_flash",
+    "bailing_moe", "dots1", "hunyuan_v1_dense", "hunyuan_v1_moe", "minimax_m2", "olmoe", "ernie4_5_moe",
 })
-#: Model types whose q/k norm multiplies by ``1 + w`` (Gemma-style).
-OFFSET_NORM_MODEL_TYPES = frozenset({"gemma3", "gemma3_text", "gemma3n_text", "qwen3_next"})
+#: Model types whose q/k norm multiplies by ``1 + w`` (Gemma-style; Qwen3-Next's and Qwen3.5's
+#: ``Qwen3NextRMSNorm`` is vLLM's ``GemmaRMSNorm``). Gemma-4's is a plain RMSNorm.
+OFFSET_NORM_MODEL_TYPES = frozenset({"gemma3", "gemma3_text", "gemma3n_text", "qwen3_next",
+                                     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 #: Model types that rotate adjacent pairs (GPT-J style) rather than halves (NeoX style).
 GPTJ_MODEL_TYPES = frozenset({"chatglm", "glm", "glm4", "gptj", "codegen"})
+#: Model types whose q carries an output gate when the config has no ``attn_output_gate``.
+GATED_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+#: Model types that RMS-normalise v without a weight (Gemma-4's ``v_norm``).
+V_NORM_MODEL_TYPES = frozenset({"gemma4", "gemma4_text"})
+#: ``layer_types`` entries that are softmax attention (with the op's q/k/v prologue).
+ATTENTION_LAYER_TYPES = frozenset({"attention", "full_attention", "sliding_attention", "chunked_attention"})
 #: Element bytes by the dtype names the CLI accepts.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Model types whose full-attention layers take ``global_head_dim`` and, with
+#: ``attention_k_eq_v``, ``num_global_key_value_heads`` (transformers' ``Gemma4TextConfig``).
+GLOBAL_GEOMETRY_MODEL_TYPES = frozenset({"gemma4", "gemma4_text"})
+#: ``global_head_dim`` when such a config leaves it out (``Gemma4TextConfig``'s default).
+GEMMA4_GLOBAL_HEAD_DIM = 512
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model named on the command line, read into the table's type.
+    """A model (or one of its layer geometries) named on the command line, read into the
+    table's type.
 
     Attributes
     ----------
@@ -96,56 +134,94 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     return values
 
 
-def _positive_int(config: dict, key: str, where: str) -> int | None:
+def _positive_int(config: dict, key: str, where: str, field_name: str | None = None) -> int | None:
     if key not in config or config[key] is None:
         return None
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CliError(f"{where}: {key} must be a positive integer, got {value!r}")
+        raise CliError(f"{where}: {field_name or key} must be a positive integer, got {value!r}")
     return value
 
 
-def _rotary_factor(config: dict) -> float | None:
-    for holder in (config, config.get("rope_parameters"), config.get("rope_scaling")):
-        if isinstance(holder, dict) and holder.get("partial_rotary_factor") is not None:
-            return holder["partial_rotary_factor"]
+def _flag(config: dict, key: str, where: str, field_name: str | None = None) -> bool | None:
+    """A boolean key (``None`` when absent); anything but true/false is an error naming it."""
+    if config.get(key) is None:
+        return None
+    if not isinstance(config[key], bool):
+        raise CliError(f"{where}: {field_name or key} must be true or false, got {config[key]!r}")
+    return config[key]
+
+
+def _rope_holders(config: dict, kind: str | None) -> list[tuple[str, dict]]:
+    """The dictionaries rotary keys are read from, with their names for error lines: the layer
+    kind's own ``rope_parameters[<kind>]`` (Gemma-4), then ``rope_parameters``, ``rope_scaling``."""
+    holders = []
+    for key in ("rope_parameters", "rope_scaling"):
+        holder = config.get(key)
+        if isinstance(holder, dict):
+            if kind is not None and isinstance(holder.get(kind), dict):
+                holders.append((f"{key}.{kind}", holder[kind]))
+            holders.append((key, holder))
+    return holders
+
+
+def _rotary_factor(config: dict, kind: str | None) -> tuple[str, object] | None:
+    for name, holder in [("", config)] + _rope_holders(config, kind):
+        if holder.get("partial_rotary_factor") is not None:
+            return (f"{name}." if name else "") + "partial_rotary_factor", holder["partial_rotary_factor"]
     return None
 
 
-def spec_from_config(config: dict, name: str, where: str = "config.json"):
-    """A :class:`ModelSpec` from a Hugging Face config dictionary.
+def _rope_type(config: dict, kind: str | None) -> tuple[str, str] | None:
+    for name, holder in _rope_holders(config, kind):
+        value = holder.get("rope_type", holder.get("type"))
+        if isinstance(value, str):
+            return f"{name}.rope_type", value
+    return None
 
-    Parameters
-    ----------
-    config : dict
-        The parsed ``config.json``.
-    name : str
-        Name to give the spec (the model folder's name, usually).
-    where : str
-        What to call the config in error messages.
 
-    Returns
-    -------
-    spec : ModelSpec
-    notes : tuple of str
-        Guesses and caveats to show the user.
-    origins : dict
-        The config keys a geometry value was computed from, by the op's argument name, where
-        they are not a key of the same name (:attr:`ResolvedModel.origins`).
+def _mrope(config: dict, where: str) -> tuple[tuple[int, int, int] | None, bool, str | None]:
+    """mRoPE's sections, whether they interleave, and the field the sections came from."""
+    for name, holder in _rope_holders(config, None):
+        if holder.get("mrope_section") is None:
+            continue
+        section = holder["mrope_section"]
+        if not isinstance(section, list) or len(section) != 3 or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in section):
+            raise CliError(f"{where}: {name}.mrope_section must be three non-negative integers (t, h, w), "
+                           f"got {section!r}")
+        interleaved = _flag(holder, "mrope_interleaved", where, f"{name}.mrope_interleaved")
+        return tuple(section), bool(interleaved), f"{name}.mrope_section"
+    return None, False, None
 
-    Raises
-    ------
-    CliError
-        When a key the geometry needs is missing or malformed. Whether the geometry is one the
-        op serves is :func:`shard_checked`'s question (``ops.validation.geometry``).
-    """
-    from ..ops.models import ModelSpec
 
-    notes = []
+def _layer_kinds(config: dict, where: str) -> tuple[list[str] | None, int]:
+    """``layer_types`` (checked) and the number of layers."""
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        return None, _positive_int(config, "num_hidden_layers", where) or 0
+    if not isinstance(layer_types, list) or not layer_types or not all(isinstance(k, str) for k in layer_types):
+        raise CliError(f"{where}: layer_types must be a non-empty list of layer type names, got {layer_types!r}")
+    layers = _positive_int(config, "num_hidden_layers", where)
+    if layers is not None and layers != len(layer_types):
+        raise CliError(f"{where}: layer_types names {len(layer_types)} layers, num_hidden_layers is {layers}")
+    return layer_types, len(layer_types)
+
+
+def _per_layer_overrides(config: dict, where: str) -> dict[int, dict] | None:
+    """``per_layer_config`` as ``{layer index: overrides}``, or ``None`` when absent."""
+    raw = config.get("per_layer_config")
+    if raw is None:
+        return None
+    pairs = list(enumerate(raw)) if isinstance(raw, list) else list(raw.items()) if isinstance(raw, dict) else None
+    if pairs is None or not all(isinstance(value, dict) and str(index).isdigit() for index, value in pairs):
+        raise CliError(f"{where}: per_layer_config must map layer indices to objects of overrides, got {raw!r}")
+    return {int(index): value for index, value in pairs}
+
+
+def _base_fields(config: dict, where: str, notes: list[str]) -> tuple[dict, dict, str]:
+    """What every layer shares: heads, head size, style, norm, eps, gate, mRoPE."""
     origins = {"num_q_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
-    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]
-        notes.append("read the language model's text_config")
     model_type = str(config.get("model_type", "")).lower()
     heads = _positive_int(config, "num_attention_heads", where)
     if heads is None:
@@ -170,17 +246,6 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
             raise CliError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
         origins["head_dim"] = f"hidden_size {hidden} / num_attention_heads {heads}"
-    rotary = _positive_int(config, "rotary_dim", where)
-    if rotary is None:
-        factor = _rotary_factor(config)
-        if factor is not None:
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-                raise CliError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor!r}")
-            rotary = int(head_dim * factor)
-            origins["rotary_dim"] = f"partial_rotary_factor {factor!r} x head_dim {head_dim}"
-        else:
-            rotary = head_dim
-            origins["rotary_dim"] = f"head_dim {head_dim} (no rotary_dim or partial_rotary_factor)"
     interleaved = config.get("rope_interleaved", config.get("rotary_interleaved"))
     is_neox = not interleaved if isinstance(interleaved, bool) else model_type not in GPTJ_MODEL_TYPES
     qk_norm = None
@@ -200,24 +265,156 @@ def spec_from_config(config: dict, name: str, where: str = "config.json"):
     if eps is None or not math.isfinite(eps) or eps < 0:
         eps = 1e-6
         notes.append("no rms_norm_eps: assumed 1e-6")
-    layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        kinds = sorted({str(kind) for kind in layer_types})
+    q_gate = _flag(config, "attn_output_gate", where)
+    if q_gate is None:
+        q_gate = model_type in GATED_MODEL_TYPES
+    else:
+        origins["q_gate"] = "attn_output_gate"
+    section, mrope_interleaved, section_origin = _mrope(config, where)
+    if section_origin:
+        origins["mrope_section"] = section_origin
+    fields = dict(num_q_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, is_neox=is_neox,
+                  qk_norm=qk_norm, weight_offset=1.0 if model_type in OFFSET_NORM_MODEL_TYPES else 0.0,
+                  eps=eps, q_gate=q_gate, mrope_section=section, mrope_interleaved=mrope_interleaved)
+    return fields, origins, model_type
+
+
+def _rotary(config: dict, kind: str | None, head_dim: int, where: str) -> tuple[int, str | None]:
+    """The rotary dims of a layer kind, and where they came from (``None``: a key of that name)."""
+    rotary = _positive_int(config, "rotary_dim", where)
+    if rotary is not None:
+        return rotary, None
+    rope_type = _rope_type(config, kind)
+    if rope_type is not None and rope_type[1] == "proportional":
+        # vLLM's Gemma4RotaryEmbedding: the frequencies past partial_rotary_factor are zero, and
+        # the whole head is rotated (cos 1, sin 0 on those pairs): the cache is head_dim wide.
+        return head_dim, f"{rope_type[0]} proportional: the whole head {head_dim}"
+    factor = _rotary_factor(config, kind)
+    if factor is not None:
+        name, value = factor
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise CliError(f"{where}: {name} must be in (0, 1], got {value!r}")
+        return int(head_dim * value), f"{name} {value!r} x head_dim {head_dim}"
+    return head_dim, f"head_dim {head_dim} (no rotary_dim or partial_rotary_factor)"
+
+
+def specs_from_config(config: dict, name: str, where: str = "config.json") -> tuple[list, tuple[str, ...]]:
+    """The geometries of a Hugging Face config's attention layers, one :class:`ModelSpec` each.
+
+    Parameters
+    ----------
+    config : dict
+        The parsed ``config.json``.
+    name : str
+        Name to give the spec (the model folder's name, usually); with several geometries each
+        is named ``<name>:<layer kind>``.
+    where : str
+        What to call the config in error messages.
+
+    Returns
+    -------
+    specs : list of (ModelSpec, dict)
+        Each geometry with its origins: the config keys a value was computed from, by the op's
+        argument name, where they are not a key of the same name (:attr:`ResolvedModel.origins`).
+    notes : tuple of str
+        Guesses and caveats to show the user.
+
+    Raises
+    ------
+    CliError
+        When a key the geometry needs is missing or malformed (one line naming the file and the
+        field). Whether a geometry is one the op serves is :func:`shard_checked`'s question
+        (``ops.validation.geometry``).
+    """
+    from ..ops.models import ModelSpec
+
+    notes: list[str] = []
+    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
+        outer_type = str(config.get("model_type", "")).lower()
+        config = config["text_config"]
+        if "model_type" not in config and outer_type:
+            config = config | {"model_type": outer_type}
+        notes.append("read the language model's text_config")
+    base, base_origins, model_type = _base_fields(config, where, notes)
+    layer_types, num_layers = _layer_kinds(config, where)
+    kv_shared = config.get("num_kv_shared_layers") or 0
+    if isinstance(kv_shared, bool) or not isinstance(kv_shared, int) or not 0 <= kv_shared <= max(num_layers, 0) \
+            or (kv_shared and not num_layers):
+        raise CliError(f"{where}: num_kv_shared_layers must be an integer in [0, {num_layers}] (the layers), "
+                       f"got {config.get('num_kv_shared_layers')!r}")
+    per_layer = _per_layer_overrides(config, where)
+    k_eq_v = bool(_flag(config, "attention_k_eq_v", where))
+    global_kv = _positive_int(config, "num_global_key_value_heads", where)
+    global_head_dim = _positive_int(config, "global_head_dim", where)
+    v_norm = model_type in V_NORM_MODEL_TYPES
+    if layer_types is not None:
+        kinds = sorted(set(layer_types))
         if len(kinds) > 1:
             counts = ", ".join(f"{layer_types.count(kind)} {kind}" for kind in kinds)
             notes.append(f"mixed layers ({counts}): the plan is for the attention layers")
-    spec = ModelSpec(name=name, num_q_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                     rotary_dim=rotary, is_neox=is_neox, qk_norm=qk_norm,
-                     weight_offset=1.0 if model_type in OFFSET_NORM_MODEL_TYPES else 0.0, eps=eps,
-                     note=f"from {where}" + (f" (model_type {model_type})" if model_type else ""))
-    return spec, tuple(notes), origins
+    attention = [i for i, kind in enumerate(layer_types or ()) if kind in ATTENTION_LAYER_TYPES]
+    if layer_types is not None and not attention:
+        notes.append("no layer type of layer_types is softmax attention: the plan takes every layer as one")
+    layers = [(i, layer_types[i]) for i in attention] if attention else [(i, None) for i in range(max(num_layers, 1))]
+    first_shared = num_layers - kv_shared
+    groups: dict = {}  # geometry -> [kinds, layer count, origins]
+    for index, kind in layers:
+        fields, origins = dict(base), dict(base_origins)
+        override = per_layer.get(index, {}) if per_layer is not None else {}
+        if per_layer is None and kind == "full_attention" and model_type in GLOBAL_GEOMETRY_MODEL_TYPES:
+            # Gemma-4 (transformers' Gemma4TextConfig): full layers take the global geometry.
+            fields["head_dim"] = global_head_dim or GEMMA4_GLOBAL_HEAD_DIM
+            origins["head_dim"] = "global_head_dim" if global_head_dim else \
+                f"no global_head_dim: transformers' default {GEMMA4_GLOBAL_HEAD_DIM}"
+            if k_eq_v and global_kv is not None:
+                fields["num_kv_heads"] = global_kv
+                origins["num_kv_heads"] = "num_global_key_value_heads (attention_k_eq_v)"
+        for key, target in (("head_dim", "head_dim"), ("num_key_value_heads", "num_kv_heads"),
+                            ("num_attention_heads", "num_q_heads")):
+            if key in override:
+                fields[target] = _positive_int(override, key, where, f"per_layer_config.{index}.{key}")
+                origins[target] = f"per_layer_config.{index}.{key}"
+        rotary, rotary_origin = _rotary(config, kind, fields["head_dim"], where)
+        fields["rotary_dim"] = rotary
+        if rotary_origin:
+            origins["rotary_dim"] = rotary_origin
+        shared = kv_shared > 0 and index >= first_shared
+        fields["v_norm"] = v_norm and not shared
+        if shared:
+            fields["num_kv_heads"] = 0
+            origins["num_kv_heads"] = "num_kv_shared_layers (q only)"
+        label = (kind or "attention").removesuffix("_attention") + ("-kv-shared" if shared else "")
+        entry = groups.setdefault(tuple(sorted(fields.items())), [[], 0, origins])
+        if label not in entry[0]:
+            entry[0].append(label)
+        entry[1] += 1
+    specs = []
+    for fields, (labels, count, origins) in groups.items():
+        fields = dict(fields)
+        spec_name = name if len(groups) == 1 else f"{name}:{'+'.join(labels)}"
+        note = f"from {where}" + (f" (model_type {model_type})" if model_type else "")
+        if len(groups) > 1:
+            note += f"; {count} of {len(layer_types or layers)} layers"
+        specs.append((ModelSpec(name=spec_name, note=note, **fields), origins))
+    return specs, tuple(notes)
 
 
-def resolve_model(text: str) -> ResolvedModel:
-    """A preset name of ``ops/models.py`` (case-insensitive) or a path to a ``config.json``.
+def _preset_rows(text: str) -> list:
+    """Rows of ``ops/models.py`` called ``text``, or whose model is (``Gemma-4-31B`` names
+    ``Gemma-4-31B:sliding`` and ``Gemma-4-31B:full``); case-insensitive."""
+    from ..ops.models import MODELS
 
-    A folder is taken to hold ``config.json``. ``CliError`` with the known presets when ``text``
-    is neither.
+    wanted = text.lower()
+    exact = [spec for spec in MODELS if spec.name.lower() == wanted]
+    return exact or [spec for spec in MODELS if spec.name.lower().split(":")[0] == wanted]
+
+
+def resolve_models(text: str) -> list[ResolvedModel]:
+    """Every geometry of a preset (its rows) or a ``config.json`` (its layer kinds).
+
+    ``text`` is a preset name of ``ops/models.py`` (case-insensitive; a model's name without
+    ``:<layer kind>`` gives all its rows) or a path to a ``config.json`` (a folder is taken to
+    hold one). ``CliError`` with the known presets when ``text`` is neither.
     """
     from ..ops.models import MODELS
 
@@ -236,15 +433,22 @@ def resolve_model(text: str) -> ResolvedModel:
         if not isinstance(config, dict):
             raise CliError(f"{path} is not a JSON object")
         name = path.parent.name or path.stem
-        spec, notes, origins = spec_from_config(config, name, str(path))
-        return ResolvedModel(spec, str(path), notes, origins)
-    for spec in MODELS:
-        if spec.name.lower() == text.lower():
-            return ResolvedModel(spec, "preset")
+        specs, notes = specs_from_config(config, name, str(path))
+        return [ResolvedModel(spec, str(path), notes, origins) for spec, origins in specs]
+    rows = _preset_rows(text)
+    if rows:
+        return [ResolvedModel(spec, "preset") for spec in rows]
     if text.endswith(".json") or "/" in text:
         raise CliError(f"{text}: no such file")
-    raise CliError(f"unknown model {text!r}: give a config.json path or one of "
-                   f"{', '.join(m.name for m in MODELS)}")
+    models = sorted({m.name.split(":")[0] for m in MODELS}, key=[m.name.split(":")[0] for m in MODELS].index)
+    raise CliError(f"unknown model {text!r}: give a config.json path or one of {', '.join(models)} "
+                   "(a model with layer kinds also as <model>:<kind>)")
+
+
+def resolve_model(text: str) -> ResolvedModel:
+    """The first geometry :func:`resolve_models` gives (a model with several layer kinds: its
+    first; name ``<model>:<kind>`` for another)."""
+    return resolve_models(text)[0]
 
 
 def override(resolved: ResolvedModel, *, is_neox=None, qk_norm=None, rotary_dim=None) -> ResolvedModel:
@@ -264,7 +468,7 @@ def override(resolved: ResolvedModel, *, is_neox=None, qk_norm=None, rotary_dim=
 
 
 def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_bytes: int = 4):
-    """One rank's geometry at ``tp``, checked by ``ops.validation.geometry`` as the op checks it.
+    """One rank's geometry at ``tp``, checked by ``ops.validation`` as the op checks it.
 
     Parameters
     ----------
@@ -284,8 +488,9 @@ def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_b
     ------
     CliError
         Exit status 2 when ``tp`` does not shard the model, or the op refuses the geometry (a
-        head size of 15 or 1024, a rotary dim of 0...): one line naming the config file (or
-        preset) and the field or option the bad value came from.
+        head size of 15 or 1024, a rotary dim of 0, mRoPE sections that do not sum to R/2...):
+        one line naming the config file (or preset) and the field or option the bad value
+        came from.
     """
     from ..ops import validation
 
@@ -296,7 +501,9 @@ def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_b
     try:
         shape = validation.geometry(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
                                     geometry.rotary_dim, is_neox=geometry.is_neox, elem_bytes=elem_bytes,
-                                    cache_bytes=cache_bytes)
+                                    cache_bytes=cache_bytes, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
+                                    mrope=geometry.mrope_section is not None)
+        validation.mrope_section_of(geometry.mrope_section, geometry.rotary_dim)
     except ValueError as exc:
         message = str(exc)
         argument = re.match(r"\w+", message)

@@ -1,7 +1,9 @@
 """``vllm-ascend-ext plan``: the launch plans of a model's attention prologue, per TP size.
 
 For a preset of ``ops/models.py`` or a Hugging Face ``config.json`` (see
-:mod:`vllm_ascend_ext.cli.geometry`), at each ``--tp``: the geometry one rank sees, then
+:mod:`vllm_ascend_ext.cli.geometry`), for each of its layer geometries (one, or one per layer
+kind that differs: Gemma-4's sliding, full and KV-shared layers) at each ``--tp``: the geometry
+one rank sees (with the gate, v-norm, mRoPE sections, q-only), then
 
 * Ascend: the tile (tokens x heads), every UB buffer of the tile by name and bytes against the
   UB capacity and the budget left after the compiler's reserve, and the grid by token count;
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 
 from .common import CliError
-from .geometry import DTYPE_BYTES, override, parse_int_list, resolve_model, shard_checked
+from .geometry import DTYPE_BYTES, override, parse_int_list, resolve_models, shard_checked
 
 __all__ = ["add_parser", "canonical_soc", "plans_for", "run"]
 
@@ -102,12 +104,16 @@ def plans_for(resolved, tp: int, dtype: str, cache_dtype: str, ascend_facts, cud
     c_by_tokens = {t: cuda.plan_for_tokens(shape, cuda_facts, t) for t in tokens}
     budget = ascend.ub_budget(ascend_facts)
     return {
+        "name": resolved.spec.name,
         "tp": tp,
         "geometry": {
             "label": geometry.label, "num_q_heads": geometry.num_q_heads,
             "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
             "rotary_dim": geometry.rotary_dim, "is_neox": geometry.is_neox,
             "qk_norm": geometry.qk_norm, "weight_offset": geometry.weight_offset, "eps": geometry.eps,
+            "q_gate": geometry.q_gate, "v_norm": geometry.v_norm,
+            "mrope_section": list(geometry.mrope_section) if geometry.mrope_section else None,
+            "mrope_interleaved": geometry.mrope_interleaved,
         },
         "ascend": {
             "soc": ascend_facts.soc, "vector_cores": ascend_facts.num_vector_cores,
@@ -146,8 +152,15 @@ def format_plan(entry: dict, targets: str) -> str:
     style = "NeoX" if geo["is_neox"] else "GPT-J"
     norm = ("q/k RMSNorm" + (f" (x({geo['weight_offset']:g}+w))" if geo["weight_offset"] else "")
             if geo["qk_norm"] else "no q/k norm")
-    lines = [f"tp={entry['tp']}: {geo['num_q_heads']} q heads, {geo['num_kv_heads']} kv heads, "
-             f"head_dim {geo['head_dim']}, rotary {geo['rotary_dim']} ({style}), {norm}, eps {geo['eps']:g}"]
+    kv = f"{geo['num_kv_heads']} kv heads" if geo["num_kv_heads"] else "no k/v (q only)"
+    extras = "".join([
+        ", gate beside q" if geo["q_gate"] else "",
+        ", v RMSNorm (no weight)" if geo["v_norm"] else "",
+        (f", mRoPE {'interleaved' if geo['mrope_interleaved'] else 'contiguous'} t/h/w "
+         + "/".join(map(str, geo["mrope_section"]))) if geo["mrope_section"] else "",
+    ])
+    lines = [f"tp={entry['tp']}: {geo['num_q_heads']} q heads, {kv}, "
+             f"head_dim {geo['head_dim']}, rotary {geo['rotary_dim']} ({style}), {norm}, eps {geo['eps']:g}{extras}"]
     if targets in ("ascend", "both"):
         a = entry["ascend"]
         lines.append(f"  Ascend {a['soc']} ({a['vector_cores']} vector cores, {a['ub_capacity']} B UB; "
@@ -185,8 +198,9 @@ def add_parser(subparsers) -> None:
         description="Show the launch plan of the fused op for a model's attention layers at the "
                     "given tensor-parallel sizes: rows per tile, UB bytes by buffer against "
                     "capacity, and the grid, for Ascend and CUDA.")
-    parser.add_argument("model", help="a preset of ops/models.py (e.g. Qwen3-8B) or a Hugging Face "
-                                      "config.json (or the folder holding it)")
+    parser.add_argument("model", help="a preset of ops/models.py (e.g. Qwen3-8B, Gemma-4-31B or one of its "
+                                      "layer kinds, Gemma-4-31B:full) or a Hugging Face config.json (or the "
+                                      "folder holding it)")
     parser.add_argument("--tp", default="1", help="tensor-parallel sizes, comma-separated (default 1)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="qkv dtype (default bf16)")
     parser.add_argument("--cache-dtype", choices=sorted(DTYPE_BYTES), default="fp32",
@@ -223,23 +237,33 @@ def _positive(text: str) -> int:
 
 
 def run(args) -> int:
-    """Print the plans of ``args.model`` at every ``--tp``."""
+    """Print the plans of every geometry of ``args.model`` at every ``--tp``."""
     tps = parse_int_list(args.tp, "--tp")
     tokens = parse_int_list(args.tokens, "--tokens")
-    resolved = override(resolve_model(args.model), is_neox=args.is_neox, qk_norm=args.qk_norm,
-                        rotary_dim=args.rotary_dim)
-    spec = resolved.spec
+    models = [override(resolved, is_neox=args.is_neox, qk_norm=args.qk_norm, rotary_dim=args.rotary_dim)
+              for resolved in resolve_models(args.model)]
+    first = models[0]
     ascend_facts, cuda_facts = _facts(args)
-    entries = [plans_for(resolved, tp, args.dtype, args.cache_dtype, ascend_facts, cuda_facts, tokens) for tp in tps]
+    entries = [[plans_for(resolved, tp, args.dtype, args.cache_dtype, ascend_facts, cuda_facts, tokens)
+                for tp in tps] for resolved in models]
+    model_name = first.spec.name if len(models) == 1 else first.spec.name.split(":")[0]
     if args.json:
-        print(json.dumps({"model": spec.name, "source": resolved.source, "notes": list(resolved.notes),
-                          "dtype": args.dtype, "cache_dtype": args.cache_dtype, "plans": entries}, indent=2))
+        print(json.dumps({"model": model_name, "source": first.source, "notes": list(first.notes),
+                          "geometries": [{"name": m.spec.name, "note": m.spec.note} for m in models],
+                          "dtype": args.dtype, "cache_dtype": args.cache_dtype,
+                          "plans": [entry for group in entries for entry in group]}, indent=2))
         return 0
-    source = "preset" if resolved.source == "preset" else f"from {resolved.source}"
-    print(f"{spec.name} ({source}); qkv {args.dtype}, cos/sin cache {args.cache_dtype}")
-    for note in resolved.notes:
+    source = "preset" if first.source == "preset" else f"from {first.source}"
+    print(f"{model_name} ({source}); qkv {args.dtype}, cos/sin cache {args.cache_dtype}")
+    for note in first.notes:
         print(f"  note: {note}")
-    for entry in entries:
-        print()
-        print(format_plan(entry, args.target))
+    if len(models) > 1:
+        print(f"  {len(models)} layer geometries: {', '.join(m.spec.name for m in models)}")
+    for resolved, group in zip(models, entries):
+        if len(models) > 1:
+            print()
+            print(f"== {resolved.spec.name}: {resolved.spec.note}")
+        for entry in group:
+            print()
+            print(format_plan(entry, args.target))
     return 0
