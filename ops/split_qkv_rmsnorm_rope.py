@@ -247,7 +247,7 @@ def _head_block(
                 tl.store(dst + jc[None, None, :], pc.to(out_ty), mask=row_ok & jc_ok[None, None, :])
 
 
-@triton.jit(do_not_specialize=["num_tokens", "max_position"])
+@triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride"])
 def _split_qkv_rmsnorm_rope_kernel(
     qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
     q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
