@@ -12,14 +12,14 @@ kernel with the divisibility hints a real launch gets (pointers and row strides 
 and requires the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` /
 ``st.global.v4`` in the PTX; the small-batch plan's one-token tiles at least in 8-byte ones).
 A geometry with issue 10's arms or rows (the gate copy, v-norm, mRoPE's h/w cos/sin rows) is
-also compiled without them under the same plan, and what they add is checked: under the large
-plan more 16-byte accesses and not one more 2- or 4-byte scalar access; under the small-batch
-plan not one more 2-byte access, and (the gate and v arms) more 8- or 16-byte ones. (The
-small-batch plan spreads a one- or two-token tile over 128 threads, so its cos/sin rows and
-narrow halves are moved one fp32 or two bf16 values per thread, coalesced, in every arm: 4-byte
-accesses there are the layout, not a split.) So an arm that fell apart into scalars fails even
-when the rest of the kernel is vectorised. Rows of the table that compile to the same kernel
-are compiled once. It also assembles the
+also compiled without them under the same plan, and what they add is checked against that bare
+kernel: the gate and v arms must store something, and no access they or the extra cos/sin rows
+add may be of a kind (width) the bare kernel does not use for its own loads and stores. The
+gate's tile is q's shape and v's is k's, so an arm may be as narrow as the q or k arm it copies
+(under the small-batch plan a tile of one kv head is moved 2 or 4 bytes per thread in the k arm
+too: that is the layout), never narrower; an arm that fell apart into 2-byte accesses where q
+and k move 16 bytes fails even when the rest of the kernel is vectorised. Rows of the table that
+compile to the same kernel are compiled once. It also assembles the
 PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes:
 registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
 the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
@@ -30,6 +30,7 @@ any failure.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
 import re
@@ -102,7 +103,7 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None) -> dict:
             "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
             "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
             "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)),
-            "scalar32": len(re.findall(r"(?:ld|st)\.global\.b32", ptx)), **_ptxas_report(ptx)}
+            "kinds": collections.Counter(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx)), **_ptxas_report(ptx)}
 
 
 def _ptxas_report(ptx: str) -> dict:
@@ -132,17 +133,19 @@ def _compile_job(job) -> tuple[dict | None, str | None]:
         return None, f"{type(exc).__name__}: {first_error(exc)}"
 
 
-def _added_problems(geometry, row: dict, without: dict, small: bool) -> tuple[str, list[str]]:
-    """What the extra arms and rows add (``row``'s counts less the bare kernel's), as
-    ``vectors/2-byte/4-byte``, and what is wrong with it (module docstring)."""
-    vectors = row["v4"] - without["v4"] + (row["v2"] - without["v2"] if small else 0)
-    b16, b32 = row["scalar16"] - without["scalar16"], row["scalar32"] - without["scalar32"]
+def _added_problems(geometry, row: dict, without: dict) -> tuple[str, list[str]]:
+    """What the gate, v and mRoPE rows add to the bare kernel (``+<accesses> (<16-byte ones>
+    v4)``), and what is wrong with it (module docstring)."""
+    added = row["kinds"] - without["kinds"]
+    new_kinds = sorted(set(added) - set(without["kinds"]))
     problems = []
-    if b16 > 0 or (b32 > 0 and not small):
-        problems.append(f"the gate / v / mRoPE accesses add {b16} 2-byte and {b32} 4-byte scalar accesses")
-    if vectors <= 0 and (not small or geometry.q_gate or geometry.v_norm):
-        problems.append(f"the gate / v / mRoPE accesses add no {'8- or ' if small else ''}16-byte access")
-    return f"{vectors:+d}/{b16:+d}/{b32:+d}", problems
+    if (geometry.q_gate or geometry.v_norm) and not any(kind.startswith("st.") for kind in added):
+        problems.append("the gate / v arm adds no store")
+    if new_kinds:
+        problems.append(f"the gate / v / mRoPE accesses use {', '.join(new_kinds)}, which the kernel "
+                        "without them does not")
+    wide = sum(count for kind, count in added.items() if ".v4." in kind)
+    return f"+{sum(added.values())} ({wide} v4)", problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if bare(geometry) is not None:
             work.setdefault(_key(bare(geometry), small, geometry), (bare(geometry), small, geometry))
     print(f"{'plan':34} {'geometry':40} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
-          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'added':>10} {'regs':>4} {'spill':>5}  status")
+          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'added':>11} {'regs':>4} {'spill':>5}  status")
     ok = 0
     # The plans compile independently: one process per CPU core (CI has two).
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -190,15 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             if error is not None:
                 problems.append(f"the bare kernel failed: {error}")
             else:
-                added, more = _added_problems(geometry, row, without, small)
+                added, more = _added_problems(geometry, row, without)
                 problems += more
         ok += not problems
         print(f"{label:34} {geometry.label:40} {kind:5} {plan.block_tokens:3d} "
               f"{plan.block_heads:4d} {plan.block_heads_k:4d} {row['tail']:4d} "
-              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>10} "
+              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>11} "
               f"{row['registers']:4d} {row['spill_bytes']:5d}  "
               f"{'ok' if not problems else 'FAIL: ' + '; '.join(problems)}{same}")
-    print("added: vector / 2-byte / 4-byte global accesses the gate, v and mRoPE rows add to the kernel without them")
+    print("added: global accesses the gate, v and mRoPE rows add to the kernel without them (16-byte ones)")
     print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU; "
           f"{len(work)} distinct kernels, bare ones included)")
     return 0 if ok == len(jobs) else 1
