@@ -64,6 +64,10 @@ SMALL_WARPS = 4
 #: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, perf-notes v6). The
 #: large plans keep the chunked tail: two pieces were 16-20% slower there at T = 4096.
 SMALL_TWO_PIECE_TAIL = True
+#: ... where the second piece gives each thread at least this many elements: 4 keeps its bf16
+#: accesses 8 bytes wide, the small-batch plan's floor in ``cuda_compile``. Phi-2 (a 48-lane tail,
+#: 32 + 16) and Qwen3-Next at TP 8 (2 q heads) would otherwise move single elements.
+TWO_PIECE_MIN_PER_THREAD = 4
 #: Tokens per small-batch tile at least with mRoPE ([3, T] positions: three row gathers a tile, so
 #: more tokens share them): 32/8/128 interleaved at T = 64 6.91 -> 6.37 us, at T = 256 8.26 ->
 #: 7.36 with 2 tokens rather than 1 (issue-10 sweep, perf-notes v6).
@@ -93,7 +97,13 @@ class CudaPlan(PlanBase):
         return next_pow2(shape.pass_dim - prev_pow2(shape.pass_dim)) if self._split(shape) else 0
 
     def _split(self, shape: KernelShape) -> bool:
-        return self.two_piece_tail and not self.tail_lanes and shape.pass_dim > prev_pow2(shape.pass_dim)
+        """Two pieces where the tail is no power of two and the second piece still gives every
+        thread ``TWO_PIECE_MIN_PER_THREAD`` elements of a q tile (else its accesses narrow)."""
+        if not self.two_piece_tail or self.tail_lanes or shape.pass_dim == prev_pow2(shape.pass_dim):
+            return False
+        second = next_pow2(shape.pass_dim - prev_pow2(shape.pass_dim))
+        threads = 32 * self.num_warps
+        return self.block_tokens * self.block_heads * second >= TWO_PIECE_MIN_PER_THREAD * threads
 
     @property
     def block_heads_k(self) -> int:
