@@ -48,7 +48,9 @@ BACKENDS = ("ascend", "cuda-large", "cuda-small")
 #: The feature tests' plans: :data:`BACKENDS` and ``small-tiles``, a forced plan of 2 tokens x 2
 #: heads per tile (q, k, gate and v heads alike), the pass-through tail cut into 4-lane chunks and
 #: 5 programs walking the tiles grid-stride, so small sizes cross every block of every arm.
-PLANS = BACKENDS + ("small-tiles",)
+#: ``two-piece`` holds a tail that is no power of two as two pieces (what the CUDA small-batch plan
+#: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it).
+PLANS = BACKENDS + ("small-tiles", "two-piece")
 
 #: The ``poisoned`` fixture frames each out-of-place output with this value: a row before it, a
 #: row after it and ``GUARD_COLUMNS`` after each of its rows (16, so the output's row stride keeps
@@ -93,6 +95,12 @@ def plan_of(kind: str, shape: KernelShape, device) -> tiling.PlanBase:
     if kind == "small-tiles":
         return CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=2, max_programs=5, num_warps=4,
                         tail_lanes=4 if shape.pass_dim else 0, late_rows=False)
+    if kind == "two-piece":
+        plan = CudaPlan(block_tokens=16, block_heads=2, kv_block_heads=2, max_programs=5, num_warps=1,
+                        two_piece_tail=True)
+        if shape.pass_dim & (shape.pass_dim - 1):  # no power of two: the plan must split it
+            assert plan.tail_width2(shape) > 0 and plan.tail_chunks(shape) == 1
+        return plan
     facts = device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda" else None)
     if kind == "cuda-large":
         return cuda.plan(shape, facts)
