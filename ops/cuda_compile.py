@@ -137,7 +137,13 @@ def _added_problems(geometry, row: dict, without: dict) -> tuple[str, list[str]]
     """What the gate, v and mRoPE rows add to the bare kernel (``+<accesses> (<16-byte ones>
     v4)``), and what is wrong with it (module docstring)."""
     added = row["kinds"] - without["kinds"]
-    new_kinds = sorted(set(added) - set(without["kinds"]))
+    # Compared by width, loads and stores alike: an arm copying a tile (the gate) may load at the
+    # width the bare kernel stores that tile's shape at (Qwen3-Next at TP 8, a 1-token x 2-head
+    # small-batch tile: its 32-lane rotary halves are 64 elements over 128 threads, 2 bytes each).
+    def width(kind):
+        return kind.split(".", 1)[1]
+    bare_widths = {width(kind) for kind in without["kinds"]}
+    new_kinds = sorted(kind for kind in set(added) if width(kind) not in bare_widths)
     problems = []
     if (geometry.q_gate or geometry.v_norm) and not any(kind.startswith("st.") for kind in added):
         problems.append("the gate / v arm adds no store")
