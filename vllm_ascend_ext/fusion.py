@@ -496,8 +496,8 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, 
             q, k = rope.apply(positions, q, k, cos_sin_cache, geo)
         if k is None:
             return (q,)
-        if v_norm:
-            v = weightless(by_head(v), eps).view(v.shape)
+        if v_norm:  # ends per head: the flatten after it folds into the consumer's view
+            v = weightless(by_head(v), eps)
         return (q, k, v, gate) if geo.q_gate else (q, k, v)
 
     def replace_body(qkv, positions, cos_sin_cache, weights):
@@ -511,8 +511,7 @@ def _pattern_fns(geo: AttentionGeometry, norm: NormForm | None, rope: RopeForm, 
             return (q,)
         if rope.native:
             k = k.view(-1, hkv, d)
-        if not v_norm:
-            v = split(qkv)[2]
+        v = v.view(-1, hkv, d) if v_norm else split(qkv)[2]
         return (q, k, v, gate) if geo.q_gate else (q, k, v)
 
     # The matcher names a pattern's inputs by the function's parameters: spell them out.
@@ -577,6 +576,12 @@ def _feeds_norm(node: torch.fx.Node, starts: set, extra: Sequence = ()) -> bool:
     return False
 
 
+def _is_split_part(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is one part of a split (a q, k or v slice; a gated q's chunk)."""
+    return (node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].target in (torch.ops.aten.split_with_sizes.default, torch.ops.aten.split.Tensor))
+
+
 def count_prologue_candidates(graph: torch.fx.Graph, geometries: Iterable[AttentionGeometry] = (),
                               norm_ops: Sequence = ()) -> int:
     """Attention prologues in ``graph``.
@@ -584,8 +589,8 @@ def count_prologue_candidates(graph: torch.fx.Graph, geometries: Iterable[Attent
     A layer with k and v is a 2-D split into three parts, the last two equal; with
     ``geometries``, only splits of one of their widths ``[Hq*D, Hkv*D, Hkv*D]`` (``2*Hq*D``
     first with a gated q) count. A q-only geometry's layer (no split: its input is q alone) is
-    a reshape of a 2-D tensor that is not a split's part to ``[.., Hq, D]`` feeding an RMSNorm
-    (a ``pow``, after an optional fp32 cast, or one of ``norm_ops``).
+    a reshape of a 2-D tensor that is not a split's part (q_proj's output) to ``[.., Hq, D]``
+    feeding an RMSNorm (a ``pow``, after an optional fp32 cast, or one of ``norm_ops``).
     """
     geometries = list(geometries)
     widths = {(g.num_q_heads * g.head_dim * (2 if g.q_gate else 1), g.num_kv_heads * g.head_dim)
@@ -614,7 +619,7 @@ def count_prologue_candidates(graph: torch.fx.Graph, geometries: Iterable[Attent
             source = node.args[0]
             if not isinstance(val, torch.Tensor) or val.dim() != 3 or not isinstance(source, torch.fx.Node):
                 continue
-            if (val.shape[-2], val.shape[-1]) not in q_only or source.target is operator.getitem:
+            if (val.shape[-2], val.shape[-1]) not in q_only or _is_split_part(source):
                 continue
             src_val = source.meta.get("val")
             if isinstance(src_val, torch.Tensor) and src_val.dim() == 2 and _feeds_norm(node, starts, norm_ops):
@@ -739,9 +744,12 @@ def _joint_graph_treatment(gm: torch.fx.GraphModule) -> None:
     """Inductor's joint-graph passes (no-op removal, view folding, ...), which every graph got
     before the post-grad custom pass: a pattern must be spelled as they left the graph (a
     gated q's ``reshape -> view`` pair folds to the copy alone)."""
+    from torch._inductor import config
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 
-    joint_graph_passes(gm)
+    # Inductor's own passes only: a user's joint-graph passes are not for pattern traces.
+    with config.patch(joint_custom_pre_pass=None, joint_custom_post_pass=None):
+        joint_graph_passes(gm)
 
 
 def _trace_views(fn, args, *extra, **kwargs) -> torch.fx.GraphModule:

@@ -311,3 +311,139 @@ class AscendPatchedPrologue(Prologue):
             g.head_dim, self.eps, list(g.mrope_section), g.mrope_interleaved, g.rotary_dim, None, None,
             g.q_gate)
         return q, k, v, gate if g.q_gate else None
+
+
+# ---- vLLM 0.32's real attention modules (only where vLLM is installed) ----------------------
+
+#: The real-module checks: vLLM's own attention class of each family, built small.
+REAL_FAMILIES = ("qwen3-vl", "qwen2.5-vl", "qwen3-next", "qwen3.5", "gemma-4", "gemma-4-full", "gemma-4-q-only")
+REAL_HIDDEN = 128
+
+
+class _StubAttention(torch.nn.Module):
+    """Stands for vLLM's ``Attention`` (which needs a model config and a KV cache): the heads as
+    vLLM's has them, and a cheap function of q, k and v so that all three stay alive."""
+
+    def __init__(self, num_heads, head_size, scale=1.0, num_kv_heads=None, **kwargs):
+        super().__init__()
+        self.num_heads, self.head_size = num_heads, head_size
+        self.num_kv_heads = num_kv_heads or num_heads
+
+    def forward(self, q, k, v, **kwargs):
+        out = q * 2
+        if k is not None:
+            out = out + k.sum(-1, keepdim=True) + (v * 3).sum(-1, keepdim=True)
+        return out
+
+
+def _real_module(name: str):
+    """vLLM's attention module of family ``name`` (hidden 128, 4 q heads, head size 32 or 64)."""
+    import importlib
+
+    from transformers import Gemma4TextConfig, Qwen3NextConfig
+
+    for module_name in ("qwen3", "qwen2", "qwen3_next", "gemma4"):
+        module = importlib.import_module(f"vllm.model_executor.models.{module_name}")
+        for attr in ("Attention", "EncoderOnlyAttention"):
+            if hasattr(module, attr):
+                setattr(module, attr, _StubAttention)
+    rope = dict(rope_type="default", rope_theta=1e6)
+    if name == "qwen3-vl":  # Qwen3-VL's text layers: Qwen3Attention, interleaved mRoPE
+        from vllm.model_executor.models.qwen3 import Qwen3Attention
+
+        return Qwen3Attention(REAL_HIDDEN, 4, 2, rope | dict(mrope_section=[6, 5, 5], mrope_interleaved=True),
+                              max_position=MAX_POSITION, head_dim=32, prefix="model.layers.0.self_attn",
+                              mrope_positions_factor=1)
+    if name == "qwen2.5-vl":  # Qwen2.5-VL's text layers: Qwen2Attention, contiguous sections
+        from vllm.model_executor.models.qwen2 import Qwen2Attention
+
+        return Qwen2Attention(REAL_HIDDEN, 4, 2, rope | dict(mrope_section=[4, 6, 6]), max_position=MAX_POSITION,
+                              prefix="model.layers.0.self_attn")
+    if name in ("qwen3-next", "qwen3.5"):  # Qwen3.5's full-attention layers are Qwen3NextAttention
+        from vllm.model_executor.models.qwen3_next import Qwen3NextAttention
+
+        rope |= dict(partial_rotary_factor=0.25) if name == "qwen3-next" else dict(
+            partial_rotary_factor=0.5, mrope_section=[3, 3, 2], mrope_interleaved=True)
+        config = Qwen3NextConfig(hidden_size=REAL_HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                 max_position_embeddings=MAX_POSITION, rms_norm_eps=1e-6, rope_parameters=rope)
+        return Qwen3NextAttention(config, prefix="model.layers.3.self_attn", mrope_positions_factor=1)
+    from vllm.model_executor.models.gemma4 import Gemma4Attention
+
+    # Layers 0/1: sliding (head size 32) and full (64) attention; 2: a KV-shared (q-only) sliding layer.
+    config = Gemma4TextConfig(hidden_size=REAL_HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                              global_head_dim=64, num_hidden_layers=4, num_kv_shared_layers=2,
+                              layer_types=["sliding_attention", "full_attention"] * 2,
+                              max_position_embeddings=MAX_POSITION, rms_norm_eps=1e-6, sliding_window=16,
+                              vocab_size=512)
+    layer = {"gemma-4": 0, "gemma-4-full": 1, "gemma-4-q-only": 2}[name]
+    per_layer = config.per_layer_config[layer]
+    return Gemma4Attention(config, REAL_HIDDEN, 4, per_layer.num_key_value_heads, per_layer.head_dim, MAX_POSITION,
+                           prefix=f"model.layers.{layer}.self_attn")
+
+
+def real_vllm_check(names, dtype: torch.dtype, torch_wrap: bool = False) -> list[dict]:
+    """Build vLLM's attention module of each family, read its geometry (``module_geometry``),
+    run its own ``forward`` eagerly and compiled by Inductor with the pass; report per family.
+
+    Runs in a process of its own (it initialises vLLM's distributed state, world size 1).
+    ``torch_wrap=False`` is what vLLM-CPU's worker sets (vLLM IR ops run their native Python:
+    the graph has decomposed norms); True keeps ``torch.ops.vllm_ir.rms_norm`` in the graph (CUDA's).
+    """
+    import socket
+
+    import vllm.ir
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+
+    from vllm_ascend_ext import custom_ops
+    from vllm_ascend_ext.fusion import QKNormRoPEFusionPass
+    from vllm_ascend_ext.geometry import module_geometry
+
+    torch._inductor.config.force_disable_caches = True
+    vllm.ir.set_default_torch_wrap(torch_wrap)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = []
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
+        ensure_model_parallel_initialized(1, 1)
+        for name in names:
+            torch.manual_seed(0)
+            torch._dynamo.reset()
+            module = _real_module(name)
+            for pname, param in module.named_parameters():  # norms' weights near their identity
+                scale = 0.1 if "norm" in pname else 0.2
+                param.data = (scale * torch.randn(param.shape)).to(param.dtype)
+            for sub in module.modules():
+                if type(sub).__name__ == "RMSNorm" and sub.has_weight:
+                    sub.weight.data += 1.0
+            module = module.to(dtype)
+            for sub in module.modules():
+                if getattr(sub, "quant_method", None) is not None:
+                    sub.quant_method.process_weights_after_loading(sub)  # vLLM-CPU's linear set-up
+            geo = module_geometry(module)
+            hidden = torch.randn(13, REAL_HIDDEN, dtype=dtype)
+            positions = make_positions(geo, 13)
+            torch._dynamo.mark_dynamic(hidden, 0)
+            torch._dynamo.mark_dynamic(positions, positions.ndim - 1)
+            with torch.no_grad():
+                want = module(positions, hidden)
+            calls = []
+
+            class Spy(QKNormRoPEFusionPass):
+                def __call__(self, graph):
+                    fused = super().__call__(graph)
+                    calls.extend(dict(n.kwargs) for n in graph.nodes if n.target is custom_ops.functional_op())
+                    return fused
+
+            pass_ = Spy([geo], dtypes=(dtype,))
+            compiled = torch.compile(module, backend="inductor", dynamic=False,
+                                     options={"post_grad_custom_post_pass": pass_})
+            with torch.no_grad():
+                got = compiled(positions, hidden)
+            results.append(dict(name=name, geometry=repr(geo), counts=list(pass_.last_counts),
+                                calls=[{k: v for k, v in c.items() if k != "eps"} for c in calls],
+                                max_error=(got.float() - want.float()).abs().max().item(),
+                                scale=want.float().abs().max().item()))
+    return results
