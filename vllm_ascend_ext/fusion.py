@@ -399,10 +399,12 @@ def npu_forms(ops: AscendOps | None = None) -> tuple[list[NormForm], list[RopeFo
         ropes.append(RopeForm("npu", lambda positions, q, k, cache, g: tuple(
             rot_op(positions, q, k, cache, g.head_dim, g.rotary_dim, g.is_neox))))
     if (mrope_op := ops.mrope) is not None:
+        # AscendMRotaryEmbedding.forward_oot makes every input contiguous: q and k straight from
+        # the split (no q/k norm: Qwen2.5-VL) are copied first, and the pattern says so.
         ropes.append(RopeForm(
             "npu_mrope", lambda positions, q, k, cache, g: tuple(mrope_op(
-                positions, q, k, cache, g.head_dim, mrope_section=list(g.mrope_section),
-                rotary_mode="half" if g.is_neox else "interleave")),
+                positions.contiguous(), q.contiguous(), k.contiguous(), cache.contiguous(), g.head_dim,
+                mrope_section=list(g.mrope_section), rotary_mode="half" if g.is_neox else "interleave")),
             mrope=True, accepts=lambda g: not g.mrope_interleaved))
     return norms, ropes
 

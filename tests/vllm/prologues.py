@@ -276,18 +276,17 @@ class AscendPrologue(Prologue):
         g = self.geo
         if self.rope == "native":
             return super().rotary_emb(positions, q, k)
-        if g.mrope_section is not None:
-            return ascend_standins.npu_mrope(positions, q, k, self.cos_sin_cache, g.head_dim,
+        if g.mrope_section is not None:  # AscendMRotaryEmbedding.forward_oot, section [16, 24, 24]
+            return ascend_standins.npu_mrope(positions.contiguous(), q.contiguous(), k.contiguous(),
+                                             self.cos_sin_cache.contiguous(), g.head_dim,
                                              mrope_section=list(g.mrope_section), rotary_mode="half")
         return ascend_standins.npu_rotary_embedding(positions, q, k, self.cos_sin_cache, g.head_dim,
                                                     g.rotary_dim, g.is_neox)
 
     def prologue(self, qkv, positions):
-        g = self.geo
-        q, k, v, gate = super().prologue(qkv, positions) if not g.v_norm else self._gemma4(qkv, positions)
-        return q, k, v, gate
-
-    def _gemma4(self, qkv, positions):
+        if not self.geo.v_norm:
+            return super().prologue(qkv, positions)
+        # Gemma4Attention with AscendRMSNorm: v's norm is npu_rms_norm with the ones weight
         g = self.geo
         d = g.head_dim
         q, k, v, gate = self.split(qkv)
