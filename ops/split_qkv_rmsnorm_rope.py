@@ -4,7 +4,16 @@ Layout
 ------
 ``qkv`` is ``[T, (Hq + 2*Hkv) * D]`` with a contiguous last dim and any row stride (a view of a
 wider projection output is fine). Columns ``[0, Hq*D)`` hold q's heads, ``[Hq*D, (Hq+Hkv)*D)``
-k's, the rest v's. v is never read or written.
+k's, the rest v's. v is never read or written, unless ``v_norm``. Variants (constexpr flags):
+
+* ``q_gate``: each q head is ``D`` values of q then ``D`` of the gate (q's columns are
+  ``[0, 2*Hq*D)``, k's and v's follow); the gate is copied out, contiguous ``[T, Hq*D]``.
+* ``v_norm``: v's heads are RMS-normalised without a weight and written (``y = x * rsqrt(mean(x**2)
+  + eps)``, no rotation).
+* ``num_kv_heads == 0``: a q-only layer; qkv holds q alone.
+* mRoPE: ``positions`` is ``[3, T]`` (t, h, w) and frequency lane ``i`` takes ``c[i]``, ``s[i]``
+  from the row of its axis's position: contiguous sections ``(t, h, w)``, or interleaved (h if
+  ``i % 3 == 1 and i < 3h``, w if ``i % 3 == 2 and i < 3w``, else t).
 
 Math (per token ``t`` and head ``h``, in fp32, one rounding to the output dtype at the end)
 ------------------------------------------------------------------------------------------
