@@ -112,15 +112,19 @@ BAD = ["positions", "head_dim", "q_weight", "eps", "q_bias"]
 @pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
 @pytest.mark.parametrize("name", BAD)
 def test_fake_rejects_what_the_real_op_rejects(inplace, name):
+    _check_real_and_fake_reject(inplace, name, *_bad(name))
+
+
+def _check_real_and_fake_reject(inplace: bool, name: str, args, kwargs) -> None:
+    """The real op and its fake implementation both raise a ValueError naming ``name``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op = custom_ops.inplace_op() if inplace else custom_ops.functional_op()
-    args, kwargs = _bad(name)
     with pytest.raises(ValueError, match=name):
         op(*args, **kwargs)
     with FakeTensorMode() as mode:
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_kwargs = {k: mode.from_tensor(v) for k, v in kwargs.items()}
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         with pytest.raises(ValueError, match=name):
             op(*fake_args, **fake_kwargs)
 
@@ -322,17 +326,7 @@ BAD_VARIANTS = ["mrope_section", "positions", "v_norm", "k_weight", "qkv"]
 @pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
 @pytest.mark.parametrize("name", BAD_VARIANTS)
 def test_fake_rejects_bad_variants_as_the_real_op_does(inplace, name):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    op = custom_ops.inplace_op() if inplace else custom_ops.functional_op()
-    args, kwargs = _bad_variant(name)
-    with pytest.raises(ValueError, match=name):
-        op(*args, **kwargs)
-    with FakeTensorMode() as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        with pytest.raises(ValueError, match=name):
-            op(*fake_args, **fake_kwargs)
+    _check_real_and_fake_reject(inplace, name, *_bad_variant(name))
 
 
 def _parsed(schema: str) -> str:
