@@ -12,7 +12,7 @@ import math
 
 import torch
 
-__all__ = ["make_inputs", "split_qkv_rmsnorm_rope"]
+__all__ = ["kv_cache_write", "make_inputs", "make_kv_cache", "split_qkv_rmsnorm_rope"]
 
 
 def _lane_axes(half: int, mrope_section, interleaved: bool) -> torch.Tensor:
@@ -154,3 +154,87 @@ def make_inputs(geometry, tokens: int, *, device="cpu", dtype=torch.bfloat16, ca
                 num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
                 eps=g.eps, is_neox=g.is_neox, q_bias=biases[0], k_bias=biases[1],
                 weight_offset=g.weight_offset, **g.op_options)
+
+
+def kv_cache_write(key_cache, value_cache, k, v, slot_mapping, num_kv_heads, head_dim, *, cache_layout="nhd",
+                   k_scale=None, v_scale=None):
+    """What ``split_qkv_rmsnorm_rope_kv_cache`` leaves in the caches, in float64: copies of both
+    caches (their old values as float64) with each token's k and v (``[T, Hkv*D]``, float64) stored
+    at its slot, padding slots skipped.
+
+    Addresses follow the layouts' definitions (``nhd``: ``cache[b, o, h, d]``; ``hnd``:
+    ``cache[b, h, o, d]``; ``nz``: ``cache[b, c // C0, o, c % C0]`` with ``c = h*D + d`` and
+    ``C0`` the lanes of 32 bytes). A quantised cache gets ``y / scale`` (the scale per tensor, or
+    per channel ``h*D + d``) saturated, int8 rounded half to even, fp8 e4m3 rounded to its grid.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        float64 key and value caches of the caches' shapes.
+    """
+    out = []
+    for cache, y, scale in ((key_cache, k, k_scale), (value_cache, v, v_scale)):
+        result = cache.double().clone() if cache.dtype != torch.float8_e4m3fn else cache.float().double()
+        y = y.double().reshape(y.shape[0], num_kv_heads, head_dim)
+        if cache.dtype in (torch.int8, torch.float8_e4m3fn):
+            y = y / scale.double().reshape(-1).expand(num_kv_heads * head_dim).reshape(num_kv_heads, head_dim)
+            if cache.dtype == torch.int8:
+                y = y.clamp(-128, 127).round()
+            else:
+                y = y.clamp(-448, 448).to(torch.float8_e4m3fn).double()
+        if cache_layout == "nhd":
+            block_size = cache.shape[1]
+        else:
+            block_size = cache.shape[2]
+        c0 = 32 // cache.element_size()
+        for t, slot in enumerate(slot_mapping.tolist()[:y.shape[0]]):
+            if slot < 0:
+                continue
+            b, o = divmod(slot, block_size)
+            for h in range(num_kv_heads):
+                if cache_layout == "nhd":
+                    result[b, o, h, :] = y[t, h]
+                elif cache_layout == "hnd":
+                    result[b, h, o, :] = y[t, h]
+                else:
+                    for d in range(head_dim):
+                        c = h * head_dim + d
+                        result[b, c // c0, o, c % c0] = y[t, h, d]
+        out.append(result)
+    return tuple(out)
+
+
+def make_kv_cache(geometry, tokens: int, *, cache_layout="nhd", dtype=torch.bfloat16, block_size: int = 16,
+                  num_blocks: int | None = None, padding: int = 2, device="cpu", per_channel: bool = False,
+                  generator: torch.Generator | None = None) -> dict:
+    """Fresh cache-write arguments for ``tokens`` tokens: sentinel-filled key and value caches (views
+    of one ``[2, ...]`` tensor) with room to spare, a random slot per token (distinct, crossing
+    block boundaries, ``padding`` of them negative) and, for an int8/fp8 cache, scales.
+
+    Returns
+    -------
+    dict
+        ``key_cache, value_cache, slot_mapping, cache_layout, k_scale, v_scale``.
+    """
+    g = geometry
+    num_blocks = num_blocks or max(2, -(-2 * tokens // block_size) + 1)
+    hd = g.num_kv_heads * g.head_dim
+    if cache_layout == "nhd":
+        shape = (num_blocks, block_size, g.num_kv_heads, g.head_dim)
+    elif cache_layout == "hnd":
+        shape = (num_blocks, g.num_kv_heads, block_size, g.head_dim)
+    else:
+        c0 = 32 // torch.empty((), dtype=dtype).element_size()
+        shape = (num_blocks, hd // c0, block_size, c0)
+    both = torch.full((2, *shape), 7.0, dtype=torch.float32)
+    both = both.to(dtype).to(device)
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
+    if padding:
+        slots[torch.randperm(tokens, generator=generator)[:min(padding, tokens)]] = -1
+    scales = {}
+    if dtype in (torch.int8, torch.float8_e4m3fn):
+        n = hd if per_channel else 1
+        for name in ("k_scale", "v_scale"):
+            scales[name] = (0.01 + 0.05 * torch.rand(n, generator=generator)).to(device)
+    return dict(key_cache=both[0], value_cache=both[1], slot_mapping=slots.to(device),
+                cache_layout=cache_layout, k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale"))

@@ -141,6 +141,55 @@ def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF: tl.constexp
 
 
 @triton.jit
+def _round_fp8_e4m3(y):
+    """fp32 ``y`` (``|y| <= 448``) rounded half to even onto the fp8 e4m3 grid, so the cast that
+    follows is exact everywhere: 3 mantissa bits, the step of ``|y|``'s binade (``2**(e - 3)``,
+    and ``2**-9`` below the smallest normal ``2**-6``). Triton's interpreter does not round its
+    fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit."""
+    binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+    step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
+    return ((y / step + 12582912.0) - 12582912.0) * step
+
+
+@triton.jit
+def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, kv_chunk_stride,
+           OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
+           KV_PER_CHANNEL: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Store the fp32 values ``y`` ([BLOCK_T, BLOCK_H, L]) of ``lanes`` ([L]) once per destination:
+    the output tensor (``OUT``; ``out_base`` [BLOCK_T, BLOCK_H, 1] points at each row's head) and
+    the paged KV cache (``KV``; ``kv_base`` likewise, masked by ``kv_mask``: padding slots).
+
+    In the cache lane ``d`` sits at ``(d // KV_CHUNK) * kv_chunk_stride + d % KV_CHUNK`` (an NZ
+    fractal's 32-byte columns), or at ``d`` with ``KV_CHUNK == 0``. ``KV_QUANT`` 1 (int8) and 2
+    (fp8 e4m3) divide by the scale (one value, or ``KV_PER_CHANNEL`` one per head and lane at
+    ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half to even.
+    """
+    if OUT:
+        tl.store(out_base + lanes[None, None, :], y.to(out_base.dtype.element_ty), mask=mask)
+    if KV:
+        if KV_CHUNK > 0:
+            at = (lanes // KV_CHUNK).to(tl.int64) * kv_chunk_stride + lanes % KV_CHUNK
+        else:
+            at = lanes
+        if KV_QUANT > 0:
+            if KV_PER_CHANNEL:
+                s_ok = head_ok[:, None] & (lanes < HEAD_DIM)[None, :]
+                s = tl.load(scale_ptr + head[:, None] * HEAD_DIM + lanes[None, :], mask=s_ok,
+                            other=1.0).to(tl.float32)
+                y = y / s[None, :, :]
+            else:
+                y = y / tl.load(scale_ptr).to(tl.float32)
+            if KV_QUANT == 1:
+                # Saturate, then round half to even: adding and taking away 1.5 * 2**23 leaves
+                # an fp32 in [-128, 127] rounded to the integer grid (fp32 keeps no fraction there).
+                y = tl.minimum(tl.maximum(y, -128.0), 127.0)
+                y = (y + 12582912.0) - 12582912.0
+            else:
+                y = _round_fp8_e4m3(tl.minimum(tl.maximum(y, -448.0), 448.0))
+        tl.store(kv_base + at[None, None, :], y.to(kv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
     rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
@@ -150,6 +199,9 @@ def _head_block(
     IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride, scale_ptr,
+    OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
+    KV_PER_CHANNEL: tl.constexpr,
 ):
     """Normalise and rotate one block of heads of one tensor (q or k), or only normalise (v:
     ``ROPE`` off, no weight) or only copy (the gate: ``NORM`` and ``ROPE`` off): load, math, store.
@@ -167,11 +219,19 @@ def _head_block(
     one chunk is live at a time. GPT-J's interleaved pairs are moved as one contiguous block of
     the ``R`` rotary lanes, viewed as ``[.., R/2, 2]`` and split into ``a``/``b`` in registers
     (strided loads of every other element fell apart into 2-byte accesses).
+
+    Every value is stored through :func:`_store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
+    into the paged cache at ``kv_ptr``: token ``t``'s row of the block starts ``kv_rows[t]``
+    elements in, heads sit ``kv_head_stride`` apart, and tokens off ``kv_tok_ok`` (padding
+    slots) write nothing there.
     """
-    row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None]
+    head_ok = head < num_heads
+    row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
     ab_ok = row_ok & i_ok[None, None, :]
     src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+    kv_row_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None]
+    kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
 
     if IS_NEOX:
         a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
@@ -224,26 +284,35 @@ def _head_block(
         a = _affine(a, rstd, w_a, b_a, BIAS)
         b = _affine(b, rstd, w_b, b_b, BIAS)
 
-    out_ty = out_ptr.dtype.element_ty
+    ab_kv = kv_row_ok & i_ok[None, None, :]
     if not ROPE:
-        tl.store(dst + ia[None, None, :], a.to(out_ty), mask=ab_ok)
-        tl.store(dst + ib[None, None, :], b.to(out_ty), mask=ab_ok)
+        _store(dst, kv_dst, kv_ptr, ia, a, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_chunk_stride,
+               OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+        _store(dst, kv_dst, kv_ptr, ib, b, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_chunk_stride,
+               OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     elif IS_NEOX:
-        tl.store(dst + ia[None, None, :], (a * cos - b * sin).to(out_ty), mask=ab_ok)
-        tl.store(dst + ib[None, None, :], (b * cos + a * sin).to(out_ty), mask=ab_ok)
+        _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+               kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+        _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+               kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     else:
         y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
         y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
-        tl.store(dst + r[None, None, :], y.to(out_ty), mask=r_ok)
+        _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
+               head, head_ok, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     if PASS > 0:
         if TAIL_CHUNKS == 1:
             if NORM:
                 p = _affine(p, rstd, w_p, b_p, BIAS)
-            tl.store(dst + jp[None, None, :], p.to(out_ty), mask=row_ok & (jp < HEAD_DIM)[None, None, :])
+            _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
+                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, kv_chunk_stride,
+                   OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             if TAIL_W2 > 0:
                 if NORM:
                     p2 = _affine(p2, rstd, w_p2, b_p2, BIAS)
-                tl.store(dst + jq[None, None, :], p2.to(out_ty), mask=row_ok & (jq < HEAD_DIM)[None, None, :])
+                _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
+                       kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
+                       kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         else:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
@@ -253,7 +322,25 @@ def _head_block(
                 if NORM:
                     w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, W, BIAS)
                     pc = _affine(pc, rstd, w_c, b_c, BIAS)
-                tl.store(dst + jc[None, None, :], pc.to(out_ty), mask=row_ok & jc_ok[None, None, :])
+                _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
+                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, kv_chunk_stride,
+                       OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+
+
+@triton.jit
+def _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride, kv_slot_stride, KV: tl.constexpr):
+    """With ``KV``: each token's row offset in the paged cache (slot ``s`` is block
+    ``s // block_size``, row ``s % block_size``) and whether it has a slot (negative: padding,
+    nothing written). Without: placeholders the stores never use."""
+    if KV:
+        slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1).to(tl.int64)
+        kv_tok_ok = tok_ok & (slot >= 0)
+        slot = tl.maximum(slot, 0)
+        kv_rows = (slot // block_size) * kv_block_stride + (slot % block_size) * kv_slot_stride
+    else:
+        kv_tok_ok = tok_ok
+        kv_rows = tok64
+    return kv_rows, kv_tok_ok
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride"])
@@ -261,9 +348,11 @@ def _split_qkv_rmsnorm_rope_kernel(
     qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
     q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
     cache_ptr, pos_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     num_tokens, max_position,
     qkv_stride, q_out_stride, k_out_stride, gate_out_stride, v_out_stride, cache_stride, pos_stride,
     pos_axis_stride, eps, weight_offset,
+    block_size, kv_block_stride, kv_slot_stride, kv_head_stride, kv_chunk_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
@@ -274,14 +363,20 @@ def _split_qkv_rmsnorm_rope_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr,
+    KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
+    KV_PER_CHANNEL: tl.constexpr,
 ):
     # Head blocks never straddle tensors: q's come first, then k's, the gate's (as q's), v's (as
-    # k's); the gate's and v's exist only when they are written.
+    # k's); the gate's and v's exist only when they are written (v: normalised, or into the cache).
+    # With KV_CACHE, k and v go to the paged cache, and to k_out/v_out only with KV_OUT (v only
+    # when normalised: otherwise the caller's v is a view of qkv).
     Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + BLOCK_HQ - 1) // BLOCK_HQ
     K_BLOCKS: tl.constexpr = (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
     K_END: tl.constexpr = Q_BLOCKS + K_BLOCKS
     G_END: tl.constexpr = K_END + (Q_BLOCKS if Q_GATE else 0)
-    HEAD_BLOCKS: tl.constexpr = G_END + (K_BLOCKS if V_NORM else 0)
+    HEAD_BLOCKS: tl.constexpr = G_END + (K_BLOCKS if (V_NORM or KV_CACHE) else 0)
+    K_WRITES_OUT: tl.constexpr = KV_OUT or not KV_CACHE
+    V_WRITES_OUT: tl.constexpr = V_NORM and K_WRITES_OUT
     # Columns from one q head to the next (a gated q head is followed by its gate), where k starts.
     Q_STRIDE: tl.constexpr = HEAD_DIM * (2 if Q_GATE else 1)
     K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
@@ -333,15 +428,20 @@ def _split_qkv_rmsnorm_rope_kernel(
                         q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                         PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
-                        ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+                        ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
+                        q_out_ptr, tok64, tok_ok, 0, 0, q_w_ptr, True, False, 0, 0, False)
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride,
+                                              kv_slot_stride, KV_CACHE)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                             PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
-                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
+                            k_cache_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride, k_scale_ptr,
+                            K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
         elif head_block < G_END:
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
@@ -350,17 +450,21 @@ def _split_qkv_rmsnorm_rope_kernel(
                             qkv_stride, gate_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i,
                             i, i + HALF, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
                             HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, False, False, False, False,
-                            Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+                            Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
+                            gate_out_ptr, tok64, tok_ok, 0, 0, q_w_ptr, True, False, 0, 0, False)
         else:
-            if V_NORM:
-                # v: RMS-normalised without a weight, not rotated.
+            if V_NORM or KV_CACHE:
+                # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride,
+                                              kv_slot_stride, KV_CACHE)
                 _head_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok,
                             v_head, NUM_KV_HEADS, qkv_stride, v_out_stride, cos, sin, cache_ptr, rows,
                             rows_h, rows_w, i, i, i + HALF, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset,
-                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, True, False,
-                            False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
-                            INTERLEAVED)
+                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, V_NORM,
+                            False, False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
+                            INTERLEAVED, v_cache_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride,
+                            v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -439,10 +543,12 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
 
 
-def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None):
-    """Run a call :func:`.validation.split_qkv_rmsnorm_rope` has passed (the selector in
-    ``vllm_ascend_ext.impl`` validates once, then launches through here); returns ``(q, k, v)``,
-    and the gate after them with ``q_gate``.
+def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None,
+           key_cache=None, value_cache=None, slot_mapping=None, k_scale=None, v_scale=None):
+    """Run a call :func:`.validation.split_qkv_rmsnorm_rope` (or ``..._kv_cache``, with the cache
+    arguments) has passed (the selector in ``vllm_ascend_ext.impl`` validates once, then launches
+    through here); returns ``(q, k, v)``, and the gate after them with ``q_gate``. With a cache
+    write and no ``return_kv``, k and v are ``[T, 0]``.
 
     Raises
     ------
@@ -450,7 +556,7 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         On CPU tensors without Triton's interpreter.
     """
     validation.check_runnable(qkv.device)
-    shape, num_tokens = call.shape, call.num_tokens
+    shape, num_tokens, kv = call.shape, call.num_tokens, call.kv_cache
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     k_col = shape.num_q_heads * shape.q_head_stride
     v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
@@ -461,29 +567,40 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         k = _new_output(qkv, num_tokens, kv_cols)
         if call.v_norm:
             v = _new_output(qkv, num_tokens, kv_cols)
+    if kv is not None and not kv.return_kv:
+        k = v = qkv.new_empty((num_tokens, 0))
     gate = _new_output(qkv, num_tokens, q_cols) if call.q_gate else None
     outputs = (q, k, v) + ((gate,) if call.q_gate else ())
     if num_tokens == 0:
         return outputs
 
     plan = plan_for(qkv.device, shape, num_tokens)
+    st = kv.strides if kv is not None else None
     _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
-        qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k,
-        gate_out_ptr=q if gate is None else gate, v_out_ptr=v,
+        qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k if k.shape[1] else q,
+        gate_out_ptr=q if gate is None else gate, v_out_ptr=v if v.shape[1] else q,
         q_w_ptr=qkv if q_weight is None else q_weight,
         k_w_ptr=qkv if k_weight is None else k_weight,
         q_b_ptr=qkv if q_bias is None else q_bias,
         k_b_ptr=qkv if k_bias is None else k_bias,
         cache_ptr=cos_sin_cache, pos_ptr=positions,
+        k_cache_ptr=qkv if kv is None else key_cache, v_cache_ptr=qkv if kv is None else value_cache,
+        slot_ptr=positions if kv is None else slot_mapping,
+        k_scale_ptr=cos_sin_cache if k_scale is None else k_scale,
+        v_scale_ptr=cos_sin_cache if v_scale is None else v_scale,
         num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
-        qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0),
-        gate_out_stride=q.stride(0) if gate is None else gate.stride(0), v_out_stride=v.stride(0),
+        qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
+        gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
+        v_out_stride=v.stride(0) if v.shape[1] else 0,
         cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(-1),
         pos_axis_stride=positions.stride(0) if shape.mrope else 0,
         eps=call.eps, weight_offset=call.weight_offset,
+        block_size=st.block_size if st else 1, kv_block_stride=st.block if st else 0,
+        kv_slot_stride=st.slot if st else 0, kv_head_stride=st.head if st else 0,
+        kv_chunk_stride=st.chunk if st else 0,
         **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
                       k_bias=call.k_bias, mrope_section=call.mrope_section,
-                      mrope_interleaved=call.mrope_interleaved),
+                      mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
         **plan.launch_options,
     )
     call.mark_written(qkv)
@@ -491,11 +608,16 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
 
 
 def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,
-                k_bias: bool, mrope_section=None, mrope_interleaved: bool = False) -> dict:
+                k_bias: bool, mrope_section=None, mrope_interleaved: bool = False,
+                kv_cache: validation.KVCacheWrite | None = None) -> dict:
     """The kernel's compile-time arguments for one layer geometry, feature set and plan
-    (``mrope_section`` is used when ``shape.mrope``)."""
+    (``mrope_section`` is used when ``shape.mrope``, ``kv_cache`` when ``shape.kv_cache``)."""
     sec_t, sec_h, sec_w = mrope_section if shape.mrope else (0, 0, 0)
+    kv = kv_cache if shape.kv_cache else None
     return dict(
+        KV_CACHE=kv is not None, KV_OUT=bool(kv and kv.return_kv),
+        KV_CHUNK=kv.strides.chunk_width if kv else 0, KV_QUANT=kv.quant if kv else 0,
+        KV_PER_CHANNEL=bool(kv and kv.per_channel),
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
         TAIL_W=plan.tail_width(shape), TAIL_W2=plan.tail_width2(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
@@ -507,12 +629,16 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
     )
 
 
-def _signature(dtype: str, cache_dtype: str) -> dict:
+def _signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dict:
     """The kernel's run-time argument types, for compiling ahead of time (checks, warm-up):
-    ``dtype`` of qkv, outputs, weights and biases and ``cache_dtype`` in Triton's spelling
-    (``"bf16"``, ``"fp16"``, ``"fp32"``); positions int64."""
+    ``dtype`` of qkv, outputs, weights and biases, ``cache_dtype`` (cos/sin) and ``kv_dtype``
+    (the paged KV cache; default ``dtype``) in Triton's spelling (``"bf16"``, ``"fp16"``,
+    ``"fp32"``, ``"i8"``, ``"fp8e4nv"``); positions and slots int64, scales fp32."""
     tensor, cache = f"*{dtype}", f"*{cache_dtype}"
     return {
+        "k_cache_ptr": f"*{kv_dtype or dtype}", "v_cache_ptr": f"*{kv_dtype or dtype}", "slot_ptr": "*i64",
+        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "block_size": "i32", "kv_block_stride": "i32",
+        "kv_slot_stride": "i32", "kv_head_stride": "i32", "kv_chunk_stride": "i32",
         "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "gate_out_ptr": tensor,
         "v_out_ptr": tensor, "q_w_ptr": tensor, "k_w_ptr": tensor, "q_b_ptr": tensor,
         "k_b_ptr": tensor, "cache_ptr": cache, "pos_ptr": "*i64", "num_tokens": "i32",

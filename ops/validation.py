@@ -22,14 +22,16 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from . import kv_cache as _kv
 from . import settings
 from .tiling import KernelShape
 
-__all__ = ["Call", "MAX_HEAD_DIM", "check_runnable", "geometry", "mrope_section_of", "split_qkv_rmsnorm_rope"]
+__all__ = ["Call", "KVCacheWrite", "MAX_HEAD_DIM", "check_runnable", "geometry", "mrope_section_of",
+           "split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache"]
 
 #: Largest head the op serves: one head's tile row of 512 lanes (plus padding) is what the
 #: Ascend UB model and the CUDA register budget were sized and checked for.
@@ -38,6 +40,18 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
 #: The kernel takes ``eps`` and ``weight_offset`` as fp32: larger magnitudes would become inf.
 FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@dataclass(frozen=True)
+class KVCacheWrite:
+    """A validated paged KV-cache write: where (layout strides), how (quantisation), and whether
+    k and v are still returned."""
+
+    layout: str
+    strides: _kv.CacheStrides
+    quant: int  # kv_cache.QUANT_NONE / QUANT_INT8 / QUANT_FP8
+    per_channel: bool  # int8 scales per channel ([Hkv*D]) rather than one value
+    return_kv: bool
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,8 @@ class Call:
     #: (including a text-only mRoPE call with ``[T]`` positions: every axis equal is plain RoPE).
     mrope_section: tuple[int, int, int] | None = None
     mrope_interleaved: bool = False
+    #: The cache write of ``split_qkv_rmsnorm_rope_kv_cache``; ``None`` for the prologue alone.
+    kv_cache: KVCacheWrite | None = None
 
     @property
     def q_gate(self) -> bool:
@@ -66,10 +82,11 @@ class Call:
     def features(self) -> frozenset[str]:
         """The call's optional variants by name, for implementations to say which they serve:
         ``"mrope"`` (``[3, T]`` positions), ``"q_gate"``, ``"v_norm"``, ``"q_only"``
-        (``num_kv_heads == 0``)."""
+        (``num_kv_heads == 0``), ``"kv_cache"`` (the paged cache write)."""
         s = self.shape
         return frozenset(name for name, on in (("mrope", s.mrope), ("q_gate", s.q_gate),
-                                                ("v_norm", s.v_norm), ("q_only", s.num_kv_heads == 0)) if on)
+                                                ("v_norm", s.v_norm), ("q_only", s.num_kv_heads == 0),
+                                                ("kv_cache", s.kv_cache)) if on)
 
     @property
     def v_norm(self) -> bool:
@@ -278,6 +295,76 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
                 eps=_finite("eps", eps, non_negative=True),
                 weight_offset=_finite("weight_offset", weight_offset), inplace=inplace,
                 mrope_section=section if mrope else None, mrope_interleaved=mrope and mrope_interleaved)
+
+
+def _scale(name: str, scale, device, per_channel_len: int | None) -> bool:
+    """One fp32 value, or (``per_channel_len``) one per channel; returns whether per channel."""
+    _tensor(name, scale, device)
+    if scale.dtype != torch.float32:
+        raise ValueError(f"{name} must be fp32, got {scale.dtype}")
+    if scale.numel() == 1:
+        return False
+    if per_channel_len is not None and scale.dim() == 1 and scale.shape[0] == per_channel_len:
+        if scale.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous")
+        return True
+    per = f" or [{per_channel_len}] (num_kv_heads*head_dim, per channel)" if per_channel_len else ""
+    raise ValueError(f"{name} must hold one value{per}, got shape {list(scale.shape)}")
+
+
+def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                                    slot_mapping, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+                                    cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
+                                    **prologue) -> Call:
+    """Check one call of ``split_qkv_rmsnorm_rope_kv_cache`` (its exact signature): the prologue's
+    arguments as :func:`split_qkv_rmsnorm_rope` checks them, then the caches, slots and scales.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument; the message names it.
+    """
+    call = split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
+                                  num_kv_heads, head_dim, eps, **prologue)
+    shape, device = call.shape, qkv.device
+    if shape.num_kv_heads == 0:
+        raise ValueError("num_kv_heads must be >= 1 with a KV-cache write (a q-only layer has no k or v)")
+    _tensor("key_cache", key_cache, device)
+    _tensor("value_cache", value_cache, device)
+    quant = _kv.quant_of(key_cache.dtype)
+    if value_cache.dtype != key_cache.dtype:
+        raise ValueError(f"value_cache must have key_cache's dtype {key_cache.dtype}, got {value_cache.dtype}")
+    if not isinstance(cache_layout, str):
+        raise ValueError(f"cache_layout must be a string, got {cache_layout!r}")
+    strides = _kv.cache_strides("key_cache", key_cache, cache_layout, shape.num_kv_heads, shape.head_dim)
+    if value_cache.shape != key_cache.shape or value_cache.stride() != key_cache.stride():
+        raise ValueError(f"value_cache must have key_cache's shape and strides {list(key_cache.shape)}, "
+                         f"{key_cache.stride()}; got {list(value_cache.shape)}, {value_cache.stride()}")
+    _tensor("slot_mapping", slot_mapping, device)
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] < call.num_tokens:
+        raise ValueError(f"slot_mapping must be [T] (or longer: its first T entries are read) with "
+                         f"T = {call.num_tokens}, got shape {list(slot_mapping.shape)}")
+    if slot_mapping.dtype not in POSITION_DTYPES:
+        raise ValueError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
+        raise ValueError("slot_mapping must be contiguous")
+    per_channel = False
+    if quant == _kv.QUANT_NONE:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is not None:
+                raise ValueError(f"{name} is only used with an int8 or float8_e4m3fn cache; the cache is "
+                                 f"{key_cache.dtype}: pass None")
+    else:
+        channels = shape.num_kv_heads * shape.head_dim if quant == _kv.QUANT_INT8 else None
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None:
+                raise ValueError(f"{name} is required with a {key_cache.dtype} cache")
+        per_channel = _scale("k_scale", k_scale, device, channels)
+        if _scale("v_scale", v_scale, device, channels) != per_channel:
+            raise ValueError("k_scale and v_scale must both be per tensor or both per channel")
+    write = KVCacheWrite(layout=cache_layout, strides=strides, quant=quant, per_channel=per_channel,
+                         return_kv=_flag("return_kv", return_kv))
+    return replace(call, shape=replace(shape, kv_cache=True), kv_cache=write)
 
 
 def check_runnable(device: torch.device) -> None:

@@ -50,6 +50,8 @@ class KernelShape:
     v_norm: bool = False
     #: positions are ``[3, T]`` (mRoPE): each frequency lane reads the row of its axis.
     mrope: bool = False
+    #: k and v are written into the paged KV cache (v's heads are tiled even when not normalised).
+    kv_cache: bool = False
 
     @classmethod
     def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
@@ -69,7 +71,12 @@ class KernelShape:
     @property
     def tiled_heads(self) -> int:
         """Heads the kernel's tiles cover: q and k, plus the gate's and v's when written."""
-        return self.num_q_heads * (2 if self.q_gate else 1) + self.num_kv_heads * (2 if self.v_norm else 1)
+        return self.num_q_heads * (2 if self.q_gate else 1) + self.num_kv_heads * (2 if self.writes_v else 1)
+
+    @property
+    def writes_v(self) -> bool:
+        """v's heads are tiled: normalised, or written into the KV cache."""
+        return self.v_norm or self.kv_cache
 
     @property
     def q_head_stride(self) -> int:
@@ -87,7 +94,7 @@ class KernelShape:
         one tensor's heads."""
         block_heads_k = block_heads_k or block_heads
         q_blocks, k_blocks = -(-self.num_q_heads // block_heads), -(-self.num_kv_heads // block_heads_k)
-        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.v_norm else 1)
+        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.writes_v else 1)
 
     @property
     def half(self) -> int:

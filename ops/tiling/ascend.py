@@ -40,12 +40,12 @@ MASK_BYTES = 1
 
 def branch_arms(shape: KernelShape) -> tuple[str, ...]:
     """The arms of the kernel's head-block branch that a layer compiles: q, then k (not in a
-    q-only layer), the gate's (``q_gate``) and v's (``v_norm``). The linalg output allocates
+    q-only layer), the gate's (``q_gate``) and v's (``v_norm``, or a KV-cache write). The linalg output allocates
     each arm's tile buffers separately, and whether bishengir later folds exclusive arms into one
     buffer is not visible without CANN, so the model counts every arm's copies from global
     memory (and one arm's vector buffers: one arm runs at a time)."""
     return ("q",) + (("k",) if shape.num_kv_heads else ()) + (("gate",) if shape.q_gate else ()) \
-        + (("v",) if shape.v_norm else ())
+        + (("v",) if shape.writes_v else ())
 
 
 def rope_axes(shape: KernelShape) -> int:
