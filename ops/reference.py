@@ -162,19 +162,26 @@ def kv_cache_write(key_cache, value_cache, k, v, slot_mapping, num_kv_heads, hea
     caches (their old values as float64) with each token's k and v (``[T, Hkv*D]``, float64) stored
     at its slot, padding slots skipped.
 
-    Addresses follow the layouts' definitions (``nhd``: ``cache[b, o, h, d]``; ``hnd``:
-    ``cache[b, h, o, d]``; ``nz``: ``cache[b, c // C0, o, c % C0]`` with ``c = h*D + d`` and
-    ``C0`` the lanes of 32 bytes). A quantised cache gets ``y / scale`` (the scale per tensor, or
-    per channel ``h*D + d``) saturated, int8 rounded half to even, fp8 e4m3 rounded to its grid.
+    Addresses follow the layouts' definitions: ``nhd`` ``cache[b, o, h, d]``; ``hnd``
+    ``cache[b, h, o, d]``; ``nz`` ``cache[b, c // C0, o, c % C0]`` with ``c = h*D + d`` and
+    ``C0`` the lanes of 32 bytes; ``cpu_vec`` (one tensor ``[NB, H, BS, 2D]``, passed as both
+    caches) the flat page ``p = (b*H + h)*BS*2D``, k at ``p + d*BS + o`` and v at
+    ``p + BS*D + o*D + d``. A quantised cache gets ``y / scale`` (the scale per tensor, or per
+    channel ``h*D + d``) saturated, int8 rounded half to even, fp8 e4m3 rounded to its grid.
 
     Returns
     -------
     tuple of torch.Tensor
-        float64 key and value caches of the caches' shapes.
+        float64 key and value caches of the caches' shapes (for ``cpu_vec`` the one tensor, twice).
     """
-    out = []
-    for cache, y, scale in ((key_cache, k, k_scale), (value_cache, v, v_scale)):
-        result = cache.double().clone() if cache.dtype != torch.float8_e4m3fn else cache.float().double()
+    def as_float64(cache):
+        return (cache.float() if cache.dtype == torch.float8_e4m3fn else cache).double().clone()
+
+    one = cache_layout == "cpu_vec"
+    results = [as_float64(key_cache)]
+    results.append(results[0] if one else as_float64(value_cache))
+    for which, (result, y, scale) in enumerate(((results[0], k, k_scale), (results[1], v, v_scale))):
+        cache = key_cache
         y = y.double().reshape(y.shape[0], num_kv_heads, head_dim)
         if cache.dtype in (torch.int8, torch.float8_e4m3fn):
             y = y / scale.double().reshape(-1).expand(num_kv_heads * head_dim).reshape(num_kv_heads, head_dim)
@@ -182,11 +189,9 @@ def kv_cache_write(key_cache, value_cache, k, v, slot_mapping, num_kv_heads, hea
                 y = y.clamp(-128, 127).round()
             else:
                 y = y.clamp(-448, 448).to(torch.float8_e4m3fn).double()
-        if cache_layout == "nhd":
-            block_size = cache.shape[1]
-        else:
-            block_size = cache.shape[2]
+        block_size = cache.shape[1] if cache_layout == "nhd" else cache.shape[2]
         c0 = 32 // cache.element_size()
+        flat = result.view(-1)
         for t, slot in enumerate(slot_mapping.tolist()[:y.shape[0]]):
             if slot < 0:
                 continue
@@ -196,20 +201,28 @@ def kv_cache_write(key_cache, value_cache, k, v, slot_mapping, num_kv_heads, hea
                     result[b, o, h, :] = y[t, h]
                 elif cache_layout == "hnd":
                     result[b, h, o, :] = y[t, h]
-                else:
+                elif cache_layout == "nz":
                     for d in range(head_dim):
                         c = h * head_dim + d
                         result[b, c // c0, o, c % c0] = y[t, h, d]
-        out.append(result)
-    return tuple(out)
+                else:
+                    page = (b * num_kv_heads + h) * block_size * 2 * head_dim
+                    for d in range(head_dim):
+                        if which == 0:
+                            at = page + d * block_size + o
+                        else:
+                            at = page + block_size * head_dim + o * head_dim + d
+                        flat[at] = y[t, h, d]
+    return tuple(results)
 
 
 def make_kv_cache(geometry, tokens: int, *, cache_layout="nhd", dtype=torch.bfloat16, block_size: int = 16,
                   num_blocks: int | None = None, padding: int = 2, device="cpu", per_channel: bool = False,
                   generator: torch.Generator | None = None) -> dict:
     """Fresh cache-write arguments for ``tokens`` tokens: sentinel-filled key and value caches (views
-    of one ``[2, ...]`` tensor) with room to spare, a random slot per token (distinct, crossing
-    block boundaries, ``padding`` of them negative) and, for an int8/fp8 cache, scales.
+    of one ``[2, ...]`` tensor; for ``cpu_vec`` one tensor, twice) with room to spare, a random
+    slot per token (distinct, crossing block boundaries, ``padding`` of them negative) and, for an
+    int8/fp8 cache, scales.
 
     Returns
     -------
@@ -223,11 +236,15 @@ def make_kv_cache(geometry, tokens: int, *, cache_layout="nhd", dtype=torch.bflo
         shape = (num_blocks, block_size, g.num_kv_heads, g.head_dim)
     elif cache_layout == "hnd":
         shape = (num_blocks, g.num_kv_heads, block_size, g.head_dim)
-    else:
+    elif cache_layout == "nz":
         c0 = 32 // torch.empty((), dtype=dtype).element_size()
         shape = (num_blocks, hd // c0, block_size, c0)
+    else:  # cpu_vec: one tensor holds both
+        shape = (num_blocks, g.num_kv_heads, block_size, 2 * g.head_dim)
     both = torch.full((2, *shape), 7.0, dtype=torch.float32)
     both = both.to(dtype).to(device)
+    if cache_layout == "cpu_vec":
+        both = both[:1].expand(2, *shape)
     slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
     if padding:
         slots[torch.randperm(tokens, generator=generator)[:min(padding, tokens)]] = -1

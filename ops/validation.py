@@ -48,7 +48,8 @@ class KVCacheWrite:
     k and v are still returned."""
 
     layout: str
-    strides: _kv.CacheStrides
+    key_strides: _kv.CacheStrides
+    value_strides: _kv.CacheStrides
     quant: int  # kv_cache.QUANT_NONE / QUANT_INT8 / QUANT_FP8
     per_channel: bool  # int8 scales per channel ([Hkv*D]) rather than one value
     return_kv: bool
@@ -336,10 +337,8 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
         raise ValueError(f"value_cache must have key_cache's dtype {key_cache.dtype}, got {value_cache.dtype}")
     if not isinstance(cache_layout, str):
         raise ValueError(f"cache_layout must be a string, got {cache_layout!r}")
-    strides = _kv.cache_strides("key_cache", key_cache, cache_layout, shape.num_kv_heads, shape.head_dim)
-    if value_cache.shape != key_cache.shape or value_cache.stride() != key_cache.stride():
-        raise ValueError(f"value_cache must have key_cache's shape and strides {list(key_cache.shape)}, "
-                         f"{key_cache.stride()}; got {list(value_cache.shape)}, {value_cache.stride()}")
+    key_strides, value_strides = _kv.cache_strides(key_cache, value_cache, cache_layout, shape.num_kv_heads,
+                                                   shape.head_dim)
     _tensor("slot_mapping", slot_mapping, device)
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] < call.num_tokens:
         raise ValueError(f"slot_mapping must be [T] (or longer: its first T entries are read) with "
@@ -362,8 +361,8 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
         per_channel = _scale("k_scale", k_scale, device, channels)
         if _scale("v_scale", v_scale, device, channels) != per_channel:
             raise ValueError("k_scale and v_scale must both be per tensor or both per channel")
-    write = KVCacheWrite(layout=cache_layout, strides=strides, quant=quant, per_channel=per_channel,
-                         return_kv=_flag("return_kv", return_kv))
+    write = KVCacheWrite(layout=cache_layout, key_strides=key_strides, value_strides=value_strides, quant=quant,
+                         per_channel=per_channel, return_kv=_flag("return_kv", return_kv))
     return replace(call, shape=replace(shape, kv_cache=True), kv_cache=write)
 
 
