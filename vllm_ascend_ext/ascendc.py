@@ -306,11 +306,14 @@ def forced(plan_: AscendCPlan):
 
 #: The op's optional variants (``validation.Call.features``) the kernel serves: mRoPE (``[3, T]``
 #: positions, contiguous or interleaved sections), the gated q (gate copied out), v-norm and
-#: q-only layers (``num_kv_heads == 0``).
+#: q-only layers (``num_kv_heads == 0``). Not the paged KV-cache write (``"kv_cache"``, the op
+#: ``split_qkv_rmsnorm_rope_kv_cache``): only the Triton op serves it, and a forced AscendC call is
+#: refused naming it.
 SERVED_FEATURES = frozenset({"mrope", "q_gate", "v_norm", "q_only"})
 #: How a refusal names each variant.
 FEATURE_NAMES = {"mrope": "mRoPE ([3, T] positions)", "q_gate": "q_gate (the gated q)",
-                 "v_norm": "v_norm (Gemma-4's v-norm)", "q_only": "q-only layers (num_kv_heads=0)"}
+                 "v_norm": "v_norm (Gemma-4's v-norm)", "q_only": "q-only layers (num_kv_heads=0)",
+                 "kv_cache": "kv_cache (the paged KV-cache write)"}
 
 
 def unsupported_reason(

@@ -20,10 +20,13 @@ GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, a
 mRoPE, gated q, v-norm and q-only layers (``ascendc.SERVED_FEATURES``); it needs the
 CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
 op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
+It does not serve the paged KV-cache write (feature ``"kv_cache"``): the Triton op alone runs
+``split_qkv_rmsnorm_rope_kv_cache``, and ``ascendc`` refuses it by name.
 
-:func:`split_qkv_rmsnorm_rope` is what the custom ops (:mod:`vllm_ascend_ext.custom_ops`) run:
-the Triton op's signature, validated by the op's one validator, then routed per call from
-tensor metadata only (no device access, no host sync).
+:func:`split_qkv_rmsnorm_rope` and :func:`split_qkv_rmsnorm_rope_kv_cache` are what the custom
+ops (:mod:`vllm_ascend_ext.custom_ops`) run: the Triton ops' signatures, validated by the op's
+one validator, then routed per call (:func:`_choose`) from tensor metadata only (no device
+access, no host sync).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "record_triton_failure",
     "requested_impl",
     "split_qkv_rmsnorm_rope",
+    "split_qkv_rmsnorm_rope_kv_cache",
     "triton_unavailable_reason",
 ]
 
@@ -170,7 +174,7 @@ def _warn_once(message: str) -> None:
 
 def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key: tuple | None = None,
                 weight_dtypes: tuple[torch.dtype, ...] = (), cache_dtype: torch.dtype | None = None,
-                features: frozenset[str] = frozenset()) -> Choice:
+                features: frozenset[str] = frozenset(), op: str = "split_qkv_rmsnorm_rope") -> Choice:
     """Pick Triton or AscendC for one call (the one selection function).
 
     Parameters
@@ -190,6 +194,8 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
     features : frozenset of str
         The call's optional variants (``Call.features``): the Triton op serves them all, the
         AscendC kernel those :func:`vllm_ascend_ext.ascendc.unsupported_reason` accepts.
+    op : str
+        The op's name, for the fallback warning and the error.
 
     Returns
     -------
@@ -217,10 +223,22 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         return Choice("ascendc", f"{ENV_IMPL}=ascendc")
     if ascendc_reason is None:
         if key not in _triton_failures:  # a recorded failure was announced where it was recorded
-            _warn_once(f"vllm_ascend_ext: split_qkv_rmsnorm_rope falls back to the AscendC kernel: {triton_reason}")
+            _warn_once(f"vllm_ascend_ext: {op} falls back to the AscendC kernel: {triton_reason}")
         return Choice("ascendc", f"auto: {triton_reason}")
-    raise RuntimeError(f"split_qkv_rmsnorm_rope: Triton cannot serve this call ({triton_reason}) "
+    raise RuntimeError(f"{op}: Triton cannot serve this call ({triton_reason}) "
                        f"and neither can the AscendC kernel ({ascendc_reason})")
+
+
+def _choose(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, weights: tuple,
+            op: str) -> Choice:
+    """:func:`choose_impl` for a validated ``call`` (``weights``: the weights and biases, ``None``
+    where absent): its features and geometry key from the call, dtypes from the tensors."""
+    shape = call.shape
+    return choose_impl(qkv.device, dtype=qkv.dtype, head_dim=shape.head_dim,
+                       weight_dtypes=tuple(t.dtype for t in weights if t is not None),
+                       cache_dtype=cos_sin_cache.dtype, features=call.features, op=op,
+                       key=geometry_key(shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
+                                        shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -246,12 +264,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
         **features)
-    shape = call.shape
-    weights = tuple(t.dtype for t in (q_weight, k_weight, q_bias, k_bias) if t is not None)
-    choice = choose_impl(qkv.device, dtype=qkv.dtype, head_dim=shape.head_dim, weight_dtypes=weights,
-                         cache_dtype=cos_sin_cache.dtype, features=call.features,
-                         key=geometry_key(shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
-                                          shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
+    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias), "split_qkv_rmsnorm_rope")
     if choice.impl == "ascendc":
         from .ascendc import split_qkv_rmsnorm_rope as op
 
@@ -261,3 +274,37 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
 
     return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+
+
+def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                                    slot_mapping, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+                                    cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False, **prologue):
+    """The fused prologue with the paged KV-cache write, routed by :func:`choose_impl`.
+
+    Parameters and results are those of
+    :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`; ``prologue`` are its keyword
+    arguments ``is_neox``, ``q_bias``, ``k_bias``, ``weight_offset``, ``inplace`` and the
+    variants. Validated once by the op's one validator, then routed: the call's features include
+    ``"kv_cache"``, which only the Triton op serves, so ``auto`` picks Triton or raises, and
+    ``VLLM_ASCEND_EXT_IMPL=ascendc`` raises naming ``kv_cache`` (never a silent fallback).
+
+    Raises
+    ------
+    ValueError
+        On a bad argument, naming it; on an invalid ``VLLM_ASCEND_EXT_IMPL``.
+    RuntimeError
+        When no implementation can serve the call (with ``ascendc``: always, naming ``kv_cache``).
+    """
+    call = validation.split_qkv_rmsnorm_rope_kv_cache(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
+        return_kv=return_kv, **prologue)
+    q_bias, k_bias = prologue.get("q_bias"), prologue.get("k_bias")
+    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias),
+                     "split_qkv_rmsnorm_rope_kv_cache")
+    if choice.impl != "triton":  # choose_impl returns AscendC only for features it serves
+        raise RuntimeError(f"split_qkv_rmsnorm_rope_kv_cache: {choice.impl} cannot serve the KV-cache write")
+    from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
+
+    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias, key_cache=key_cache,
+                  value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
