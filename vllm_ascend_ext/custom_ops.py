@@ -1,6 +1,6 @@
 """The fused prologue as torch custom ops: what a compiled graph calls.
 
-Two ops are registered in the ``vllm_ascend_ext`` namespace, with the schema written out so
+Three ops are registered in the ``vllm_ascend_ext`` namespace, with the schema written out so
 that the mutation semantics are explicit:
 
 ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope`` (functional)::
@@ -30,16 +30,38 @@ that the mutation semantics are explicit:
     the implementation does, so a graph that saved ``qkv`` refuses to
     backpropagate after the write instead of computing a wrong gradient.
 
-The argument list is spelled once, :data:`ARGS_SCHEMA`; :func:`schemas` builds both schemas of
+``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_kv_cache`` (writes the paged KV cache)::
+
+    split_qkv_rmsnorm_rope_kv_cache(Tensor qkv, Tensor? q_weight, Tensor? k_weight,
+                                    Tensor cos_sin_cache, Tensor positions,
+                                    Tensor(a!) key_cache, Tensor(b!)? value_cache,
+                                    Tensor slot_mapping, int num_q_heads, int num_kv_heads,
+                                    int head_dim, float eps=1e-06, *, str cache_layout="nhd",
+                                    Tensor? k_scale=None, Tensor? v_scale=None,
+                                    bool return_kv=False, ...the prologue's keywords...)
+                                    -> (Tensor q, Tensor k, Tensor v, Tensor gate)
+
+    :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`: writes k and v into the slots
+    of ``slot_mapping`` of the caches (nothing else of them) and returns a new ``q``; ``k`` is
+    ``[T, Hkv*D]`` with ``return_kv``, else ``[T, 0]``; ``v`` is ``[T, Hkv*D]`` only with
+    ``return_kv`` and ``v_norm`` (else the caller slices it from qkv, as above), ``gate`` as
+    above. ``value_cache`` is ``None`` exactly for ``cache_layout="cpu_vec"``, whose one tensor
+    holds k and v and is passed as ``key_cache`` alone (:func:`value_cache_of`): one tensor as
+    both ``(a!)`` and ``(b!)`` would contradict the schema, and ``auto_functionalized`` v1 (the
+    form vLLM 0.32 compiles with) would clone the two apart and lose one half's write.
+
+The argument list is spelled once, :data:`ARGS_SCHEMA`, from pieces the KV-cache op's schema
+reuses; :func:`schemas` builds both schemas of
 an op name from it (the AscendC ops of :mod:`vllm_ascend_ext.ascendc` use it too).
 
-Both ops have a fake implementation, so they trace under ``torch.compile`` and FakeTensorMode;
+Every op has a fake implementation, so they trace under ``torch.compile`` and FakeTensorMode;
 it runs the op's one validator (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope`,
 through :func:`validate_fake` for symbolic sizes) first, so a call the real op rejects is
-rejected while tracing too, with the same ``ValueError`` naming the argument. The real
-implementations, for the CPU, CUDA and PrivateUse1 (Ascend NPU) dispatch keys, call
-:func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope`: the Triton op or the AscendC kernel, as
-``VLLM_ASCEND_EXT_IMPL`` selects. Nothing here synchronises the host with the device.
+rejected while tracing too, with the same ``ValueError`` naming the argument (the KV-cache
+op: :func:`validate_kv_cache_fake`). The real implementations, for the CPU, CUDA and
+PrivateUse1 (Ascend NPU) dispatch keys, call :func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope`
+(or ``..._kv_cache``): the Triton op or the AscendC kernel, as ``VLLM_ASCEND_EXT_IMPL`` selects
+(the cache write: the Triton op only). Nothing here synchronises the host with the device.
 
 Importing this module registers the ops once per process; it imports nothing from vLLM.
 """
@@ -57,25 +79,34 @@ __all__ = [
     "FUNCTIONAL_SCHEMA",
     "INPLACE_OP_NAME",
     "INPLACE_SCHEMA",
+    "KV_CACHE_OP_NAME",
+    "KV_CACHE_SCHEMA",
+    "ONE_TENSOR_LAYOUTS",
     "NAMESPACE",
     "OP_NAME",
     "functional_op",
     "inplace_op",
+    "kv_cache_op",
     "schemas",
     "validate_fake",
+    "validate_kv_cache_fake",
+    "value_cache_of",
 ]
 
 NAMESPACE = "vllm_ascend_ext"
 OP_NAME = "split_qkv_rmsnorm_rope"
 INPLACE_OP_NAME = OP_NAME + "_"
 
-#: The arguments after ``qkv`` of every op of this family (functional, in place, AscendC).
-ARGS_SCHEMA = (
-    "Tensor? q_weight, Tensor? k_weight, Tensor cos_sin_cache, Tensor positions, "
-    "int num_q_heads, int num_kv_heads, int head_dim, float eps=1e-06, *, bool is_neox=True, "
-    "Tensor? q_bias=None, Tensor? k_bias=None, float weight_offset=0.0, int[]? mrope_section=None, "
-    "bool mrope_interleaved=False, bool q_gate=False, bool v_norm=False"
+# The pieces of the argument list: the prologue's tensors, its geometry, its keyword arguments.
+_TENSORS_SCHEMA = "Tensor? q_weight, Tensor? k_weight, Tensor cos_sin_cache, Tensor positions"
+_GEOMETRY_SCHEMA = "int num_q_heads, int num_kv_heads, int head_dim, float eps=1e-06"
+_KEYWORDS_SCHEMA = (
+    "bool is_neox=True, Tensor? q_bias=None, Tensor? k_bias=None, float weight_offset=0.0, "
+    "int[]? mrope_section=None, bool mrope_interleaved=False, bool q_gate=False, bool v_norm=False"
 )
+
+#: The arguments after ``qkv`` of every op of this family (functional, in place, AscendC).
+ARGS_SCHEMA = f"{_TENSORS_SCHEMA}, {_GEOMETRY_SCHEMA}, *, {_KEYWORDS_SCHEMA}"
 
 #: The keyword arguments after ``weight_offset``: the optional variants (issue 10), passed through
 #: as they are to the one validator and the implementations.
@@ -102,6 +133,18 @@ def schemas(name: str) -> tuple[str, str]:
 
 FUNCTIONAL_SCHEMA, INPLACE_SCHEMA = schemas(OP_NAME)
 
+KV_CACHE_OP_NAME = "split_qkv_rmsnorm_rope_kv_cache"
+#: The layout whose one cache tensor holds both k and v: the custom op takes it as ``key_cache``
+#: alone (``value_cache=None``), so no tensor is passed as two mutable arguments.
+ONE_TENSOR_LAYOUTS = ("cpu_vec",)
+#: The prologue fused with the paged KV-cache write: the prologue's arguments, with the caches
+#: and slots after its tensors and the cache keywords before its keywords.
+KV_CACHE_SCHEMA = (
+    f"{KV_CACHE_OP_NAME}(Tensor qkv, {_TENSORS_SCHEMA}, Tensor(a!) key_cache, Tensor(b!)? value_cache, "
+    f"Tensor slot_mapping, {_GEOMETRY_SCHEMA}, *, str cache_layout=\"nhd\", Tensor? k_scale=None, "
+    f"Tensor? v_scale=None, bool return_kv=False, {_KEYWORDS_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
 #: Dispatch keys with a real implementation. PrivateUse1 is the key torch_npu's "npu" device uses.
 DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 
@@ -127,6 +170,53 @@ def _inplace_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True,
         **features)
+
+
+def value_cache_of(key_cache, value_cache, cache_layout):
+    """The value cache the op writes: ``value_cache``, or for a one-tensor layout
+    (:data:`ONE_TENSOR_LAYOUTS`, where the custom op takes ``value_cache=None``) ``key_cache``.
+
+    A tensor passed as two mutable arguments (``Tensor(a!) key_cache, Tensor(b!) value_cache``)
+    is not what the schema declares, and functionalization treats the two as independent:
+    ``auto_functionalized`` v1 (vLLM 0.32 sets inductor's ``enable_auto_functionalized_v2`` to
+    False) clones each, runs the op on the clones and copies both back, so the second copy
+    overwrites the first's write. Hence one argument, and a rule on arguments (not on storage,
+    which fake tensors cannot compare), the same for the real and the fake implementation.
+
+    Raises
+    ------
+    ValueError
+        Naming ``value_cache``: ``None`` for a layout of two caches, or a tensor for a one-tensor
+        layout.
+    """
+    one_tensor = cache_layout in ONE_TENSOR_LAYOUTS
+    if value_cache is None:
+        if not one_tensor:
+            raise ValueError(f"value_cache is required for cache_layout={cache_layout!r} (None is for "
+                             f"{', '.join(ONE_TENSOR_LAYOUTS)}, whose one tensor is key_cache)")
+        return key_cache
+    if one_tensor:
+        raise ValueError(f"value_cache must be None for cache_layout={cache_layout!r}: its one cache tensor is "
+                         "passed as key_cache alone (one tensor as two mutable arguments would be "
+                         "functionalized as two, and one half's write lost)")
+    return value_cache
+
+
+def _kv_cache_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
+                   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None,
+                   v_scale=None, return_kv=False, **prologue):
+    value_cache = value_cache_of(key_cache, value_cache, cache_layout)
+    outputs = impl.split_qkv_rmsnorm_rope_kv_cache(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
+        return_kv=return_kv, inplace=False, **prologue)
+    v_norm, q_gate = prologue.get("v_norm", False), prologue.get("q_gate", False)
+    tokens = qkv.shape[0]
+    # Fresh empties where nothing is returned: the op's [T, 0] k and v are one tensor, and an
+    # output may not alias another (nor an input: v without v-norm is a view of qkv).
+    return (outputs[0], outputs[1] if return_kv else qkv.new_empty((tokens, 0)),
+            outputs[2] if return_kv and v_norm else qkv.new_empty((tokens, 0)),
+            outputs[3] if q_gate else qkv.new_empty((tokens, 0)))
 
 
 def _hint(value) -> int:
@@ -179,13 +269,43 @@ def validate_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads
         inplace=inplace, **features)
 
 
-def fake_outputs(qkv: torch.Tensor, shape) -> tuple:
+def validate_kv_cache_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                           slot_mapping, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd",
+                           k_scale=None, v_scale=None, return_kv=False, **prologue) -> validation.Call:
+    """:func:`validate_fake` for the custom op ``split_qkv_rmsnorm_rope_kv_cache``:
+    :func:`value_cache_of`, then the op's one validator
+    (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope_kv_cache`), tensors of symbolic
+    sizes validated through stand-ins of the traced example's sizes (one stand-in for a one-tensor
+    layout's cache, passed as both caches).
+
+    Raises
+    ------
+    ValueError
+        As the validator does, naming the argument.
+    """
+    value_cache = value_cache_of(key_cache, value_cache, cache_layout)
+    stand_ins: dict[int, object] = {}
+
+    def ex(tensor):
+        if id(tensor) not in stand_ins:
+            stand_ins[id(tensor)] = _traced_example(tensor)
+        return stand_ins[id(tensor)]
+
+    prologue = {name: ex(value) for name, value in prologue.items()}
+    return validation.split_qkv_rmsnorm_rope_kv_cache(
+        ex(qkv), ex(q_weight), ex(k_weight), ex(cos_sin_cache), ex(positions), ex(key_cache), ex(value_cache),
+        ex(slot_mapping), num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=ex(k_scale),
+        v_scale=ex(v_scale), return_kv=return_kv, **prologue)
+
+
+def fake_outputs(qkv: torch.Tensor, shape, *, return_kv: bool = True) -> tuple:
     """Empty ``(q, k, v, gate)`` of the functional op's sizes for ``shape`` (a ``KernelShape``):
-    what every fake implementation of the family returns."""
+    what every fake implementation of the family returns (``return_kv=False``: the KV-cache op's
+    k and v, ``[T, 0]``)."""
     tokens = qkv.shape[0]
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    return (qkv.new_empty((tokens, q_cols)), qkv.new_empty((tokens, kv_cols)),
-            qkv.new_empty((tokens, kv_cols if shape.v_norm else 0)),
+    return (qkv.new_empty((tokens, q_cols)), qkv.new_empty((tokens, kv_cols if return_kv else 0)),
+            qkv.new_empty((tokens, kv_cols if return_kv and shape.v_norm else 0)),
             qkv.new_empty((tokens, q_cols if shape.q_gate else 0)))
 
 
@@ -209,16 +329,27 @@ def _inplace_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads
     return None
 
 
+def _kv_cache_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
+                   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None,
+                   v_scale=None, return_kv=False, **prologue):
+    shape = validate_kv_cache_fake(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
+        return_kv=return_kv, inplace=False, **prologue).shape
+    return fake_outputs(qkv, shape, return_kv=return_kv)
+
+
 def _register() -> torch.library.Library:
-    """Define both ops and their implementations (once per process)."""
+    """Define the ops and their implementations (once per process)."""
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-    lib.define(FUNCTIONAL_SCHEMA)
-    lib.define(INPLACE_SCHEMA)
-    for key in DISPATCH_KEYS:
-        lib.impl(OP_NAME, _functional_impl, key)
-        lib.impl(INPLACE_OP_NAME, _inplace_impl, key)
-    torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _functional_fake, lib=lib)
-    torch.library.register_fake(f"{NAMESPACE}::{INPLACE_OP_NAME}", _inplace_fake, lib=lib)
+    ops = ((OP_NAME, FUNCTIONAL_SCHEMA, _functional_impl, _functional_fake),
+           (INPLACE_OP_NAME, INPLACE_SCHEMA, _inplace_impl, _inplace_fake),
+           (KV_CACHE_OP_NAME, KV_CACHE_SCHEMA, _kv_cache_impl, _kv_cache_fake))
+    for name, schema, real, fake in ops:
+        lib.define(schema)
+        for key in DISPATCH_KEYS:
+            lib.impl(name, real, key)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
     return lib
 
 
@@ -239,3 +370,8 @@ def functional_op():
 def inplace_op():
     """``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_.default``."""
     return getattr(torch.ops, NAMESPACE).split_qkv_rmsnorm_rope_.default
+
+
+def kv_cache_op():
+    """``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_kv_cache.default``."""
+    return getattr(torch.ops, NAMESPACE).split_qkv_rmsnorm_rope_kv_cache.default
