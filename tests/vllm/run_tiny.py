@@ -8,8 +8,9 @@ in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy gene
 token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weights`, seeded, so
 two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
 "logprobs": [...], "prompt_logprobs": [...], "top_logprobs": [{token: logprob}, ...]}, ...],
-"fused_op_calls": N, "fused_op_variants": {label: calls}}`` (the fused op's executions while
-generating, :func:`_count_fused_calls`).
+"fused_op_calls": N, "fused_op_variants": {label: calls}, "kv_cache_op_calls": K,
+"kv_cache_op_variants": {label: calls}}`` (the executions while generating of the fused op and
+of the fused op with the KV-cache write, :func:`_count_fused_calls`).
 Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
 ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
 
@@ -210,8 +211,9 @@ def _register_loader() -> None:
 
 
 def _count_fused_calls() -> dict:
-    """Count executions of the fused op by variant (instrumentation: the custom ops look
-    ``impl.split_qkv_rmsnorm_rope`` up on every call). A variant is the label of the call's
+    """Count executions of the fused op, and of the fused op with the KV-cache write, by variant
+    (instrumentation: the custom ops look ``impl.split_qkv_rmsnorm_rope`` and
+    ``impl.split_qkv_rmsnorm_rope_kv_cache`` up on every call). A variant is the label of the call's
     geometry (``ops.models.AttentionGeometry.label``: heads, head size, rotary dims, norm
     offset, ``gate``, ``vnorm``, ``mrope-i:t,h,w`` when positions are ``[3, T]``)."""
     from vllm_ascend_ext import impl
@@ -219,19 +221,25 @@ def _count_fused_calls() -> dict:
     from vllm_ascend_ext.ops.models import AttentionGeometry
 
     calls: dict = {}
-    original = impl.split_qkv_rmsnorm_rope
+    kv_calls: dict = {}
 
-    def counting(*args, **kwargs):
-        call = validation.split_qkv_rmsnorm_rope(*args, **kwargs)
+    def label(call) -> str:
         s = call.shape
-        label = AttentionGeometry(
+        return AttentionGeometry(
             s.num_q_heads, s.num_kv_heads, s.head_dim, s.rotary_dim, s.is_neox, call.q_norm or call.k_norm,
             call.weight_offset, call.eps, s.q_gate, s.v_norm, call.mrope_section, call.mrope_interleaved).label
-        calls[label] = calls.get(label, 0) + 1
-        return original(*args, **kwargs)
 
-    impl.split_qkv_rmsnorm_rope = counting
-    return calls
+    def counter(original, validate, counts):
+        def counting(*args, **kwargs):
+            key = label(validate(*args, **kwargs))
+            counts[key] = counts.get(key, 0) + 1
+            return original(*args, **kwargs)
+        return counting
+
+    impl.split_qkv_rmsnorm_rope = counter(impl.split_qkv_rmsnorm_rope, validation.split_qkv_rmsnorm_rope, calls)
+    impl.split_qkv_rmsnorm_rope_kv_cache = counter(impl.split_qkv_rmsnorm_rope_kv_cache,
+                                                   validation.split_qkv_rmsnorm_rope_kv_cache, kv_calls)
+    return calls, kv_calls
 
 
 def _fail_warm_up(num_q_heads: int) -> None:
@@ -275,7 +283,7 @@ def main(name: str, out_path: str) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _ensure_plugin()
-    calls = _count_fused_calls()
+    calls, kv_calls = _count_fused_calls()
     if os.environ.get("TINY_FAIL_WARM_UP_HEADS"):
         _fail_warm_up(int(os.environ["TINY_FAIL_WARM_UP_HEADS"]))
     if name == "two_geometries":
@@ -295,6 +303,7 @@ def main(name: str, out_path: str) -> None:
               max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, seed=0,
               tensor_parallel_size=int(os.environ.get("TINY_TP", "1")), **LLM_KWARGS.get(name, {}))
     calls.clear()  # count the calls of generation only (not the worker hook's warm-up, nor vLLM's)
+    kv_calls.clear()
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=TOP_LOGPROBS, prompt_logprobs=0,
                             detokenize=False)
     results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
@@ -309,7 +318,8 @@ def main(name: str, out_path: str) -> None:
         outputs.append({"token_ids": list(completion.token_ids), "logprobs": logprobs,
                         "prompt_logprobs": prompt_logprobs, "top_logprobs": top})
     with open(out_path, "w") as f:
-        json.dump({"outputs": outputs, "fused_op_calls": sum(calls.values()), "fused_op_variants": calls}, f)
+        json.dump({"outputs": outputs, "fused_op_calls": sum(calls.values()), "fused_op_variants": calls,
+                   "kv_cache_op_calls": sum(kv_calls.values()), "kv_cache_op_variants": kv_calls}, f)
 
 
 if __name__ == "__main__":
