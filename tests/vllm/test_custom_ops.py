@@ -47,7 +47,7 @@ def test_schemas_declare_mutation():
 
 @pytest.mark.parametrize("key", custom_ops.DISPATCH_KEYS)
 def test_dispatch_keys_have_kernels(key):
-    for name in (custom_ops.OP_NAME, custom_ops.INPLACE_OP_NAME):
+    for name in (custom_ops.OP_NAME, custom_ops.INPLACE_OP_NAME, custom_ops.KV_CACHE_OP_NAME):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"{custom_ops.NAMESPACE}::{name}", key)
 
 
@@ -109,17 +109,20 @@ def _bad(name):
 BAD = ["positions", "head_dim", "q_weight", "eps", "q_bias"]
 
 
+def _op(inplace: bool):
+    return custom_ops.inplace_op() if inplace else custom_ops.functional_op()
+
+
 @pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
 @pytest.mark.parametrize("name", BAD)
 def test_fake_rejects_what_the_real_op_rejects(inplace, name):
-    _check_real_and_fake_reject(inplace, name, *_bad(name))
+    _check_real_and_fake_reject(_op(inplace), name, *_bad(name))
 
 
-def _check_real_and_fake_reject(inplace: bool, name: str, args, kwargs) -> None:
+def _check_real_and_fake_reject(op, name: str, args, kwargs) -> None:
     """The real op and its fake implementation both raise a ValueError naming ``name``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    op = custom_ops.inplace_op() if inplace else custom_ops.functional_op()
     with pytest.raises(ValueError, match=name):
         op(*args, **kwargs)
     with FakeTensorMode() as mode:
@@ -326,7 +329,7 @@ BAD_VARIANTS = ["mrope_section", "positions", "v_norm", "k_weight", "qkv"]
 @pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
 @pytest.mark.parametrize("name", BAD_VARIANTS)
 def test_fake_rejects_bad_variants_as_the_real_op_does(inplace, name):
-    _check_real_and_fake_reject(inplace, name, *_bad_variant(name))
+    _check_real_and_fake_reject(_op(inplace), name, *_bad_variant(name))
 
 
 def _parsed(schema: str) -> str:
@@ -341,3 +344,163 @@ def test_schema_is_spelled_once():
         assert str(getattr(torch.ops.vllm_ascend_ext, name).default._schema) == _parsed(schema)
     assert str(custom_ops.functional_op()._schema) == _parsed(custom_ops.FUNCTIONAL_SCHEMA)
     assert str(custom_ops.inplace_op()._schema) == _parsed(custom_ops.INPLACE_SCHEMA)
+    assert str(custom_ops.kv_cache_op()._schema) == _parsed(custom_ops.KV_CACHE_SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------
+# split_qkv_rmsnorm_rope_kv_cache (issue 11): the prologue writing the paged KV cache.
+
+#: name: (geometry, cache_layout, cache dtype, per-channel scales, return_kv). Tiny layers,
+#: block_size 4 so T = 9 tokens cross blocks; int8 NZ needs D a multiple of 32.
+KV_CASES = {
+    "nhd": (AttentionGeometry(HQ, HKV, D, R), "nhd", torch.bfloat16, False, False),
+    "hnd return_kv": (AttentionGeometry(HQ, HKV, D, R, is_neox=False), "hnd", torch.bfloat16, False, True),
+    "nz int8 per-channel": (AttentionGeometry(HQ, HKV, D, R), "nz", torch.int8, True, False),
+    "nhd fp8 all return_kv": (VARIANTS["all"], "nhd", torch.float8_e4m3fn, False, True),
+    "cpu_vec": (AttentionGeometry(HQ, HKV, D, R), "cpu_vec", torch.bfloat16, False, False),
+    "cpu_vec fp32 vnorm return_kv": (VARIANTS["vnorm"], "cpu_vec", torch.float32, False, True),
+}
+KV_POSITIONAL = POSITIONAL[:5] + ("key_cache", "value_cache", "slot_mapping") + POSITIONAL[5:]
+
+
+def _kv_case(name: str, tokens: int = T, seed: int = 0) -> tuple[list, dict]:
+    """Fresh inputs of KV case ``name`` as the custom op takes them (a ``cpu_vec`` cache as
+    ``key_cache`` alone, ``value_cache=None``): positional, then keywords."""
+    geometry, layout, dtype, per_channel, return_kv = KV_CASES[name]
+    gen = torch.Generator().manual_seed(seed)
+    kwargs = reference.make_inputs(geometry, tokens, dtype=torch.float32 if dtype == torch.float32 else
+                                   torch.bfloat16, bias=True, generator=gen)
+    kwargs.update(reference.make_kv_cache(geometry, tokens, cache_layout=layout, dtype=dtype, block_size=4,
+                                          per_channel=per_channel, generator=gen), return_kv=return_kv)
+    if layout in custom_ops.ONE_TENSOR_LAYOUTS:
+        kwargs["key_cache"], kwargs["value_cache"] = kwargs["key_cache"].clone(), None
+    return [kwargs.pop(key) for key in KV_POSITIONAL], kwargs
+
+
+def _caches(args: list) -> list:
+    """The cache tensors a call writes (one for a one-tensor layout)."""
+    return [t for t in args[5:7] if t is not None]
+
+
+def _kv_expected(args: list, kwargs: dict) -> tuple[tuple, list]:
+    """What the Python op returns and writes into copies of the caches."""
+    from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache
+
+    call = list(args)
+    call[5] = args[5].clone()
+    call[6] = call[5] if args[6] is None else args[6].clone()  # the ops-level API: one tensor twice
+    return split_qkv_rmsnorm_rope_kv_cache(*call, **kwargs), [call[5]] if args[6] is None else call[5:7]
+
+
+def _kv_shapes(name: str, tokens) -> list[tuple]:
+    """The KV-cache op's ``(q, k, v, gate)`` shapes for case ``name``."""
+    geometry, *_, return_kv = KV_CASES[name]
+    q_cols, kv_cols = geometry.num_q_heads * geometry.head_dim, geometry.num_kv_heads * geometry.head_dim
+    return [(tokens, q_cols), (tokens, kv_cols if return_kv else 0),
+            (tokens, kv_cols if return_kv and geometry.v_norm else 0), (tokens, q_cols if geometry.q_gate else 0)]
+
+
+def _check_kv_call(name: str, args: list, kwargs: dict, outputs, want, want_caches, before_caches) -> None:
+    """Outputs (shapes, and bit for bit what the Python op returns) and caches (bit for bit the
+    Python op's, and written)."""
+    geometry, *_, return_kv = KV_CASES[name]
+    assert [tuple(o.shape) for o in outputs] == _kv_shapes(name, args[0].shape[0])
+    assert torch.equal(outputs[0], want[0])
+    if return_kv:
+        assert torch.equal(outputs[1], want[1])
+    if return_kv and geometry.v_norm:
+        assert torch.equal(outputs[2], want[2])
+    if geometry.q_gate:
+        assert torch.equal(outputs[3], want[3])
+    for got, expected, before in zip(_caches(args), want_caches, before_caches, strict=True):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+        assert not torch.equal(got.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_kv_cache_schema_declares_the_cache_writes():
+    schema = custom_ops.kv_cache_op()._schema
+    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert mutated == ["key_cache", "value_cache"]
+    sets = [a.alias_info.before_set for a in schema.arguments if a.alias_info is not None]
+    assert len(set(map(frozenset, sets))) == 2  # two alias sets: the caches are never one tensor twice
+
+
+@pytest.mark.parametrize("name", KV_CASES)
+def test_opcheck_kv_cache(name):
+    args, kwargs = _kv_case(name)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if args[5].dtype == torch.float8_e4m3fn:  # SchemaCheckMode compares with allclose: no fp8 on CPU
+        utils = utils[1:]
+    opcheck(custom_ops.kv_cache_op(), tuple(args), kwargs, test_utils=utils)
+
+
+@pytest.mark.parametrize("name", KV_CASES)
+def test_kv_cache_op_equals_the_python_op(name):
+    """q (k, v, gate where returned) and the caches are the Python op's, bit for bit; qkv is left
+    alone."""
+    args, kwargs = _kv_case(name)
+    before_qkv, before_caches = args[0].clone(), [c.clone() for c in _caches(args)]
+    want, want_caches = _kv_expected(args, kwargs)
+    outputs = custom_ops.kv_cache_op()(*args, **kwargs)
+    _check_kv_call(name, args, kwargs, outputs, want, want_caches, before_caches)
+    assert torch.equal(args[0], before_qkv)
+
+
+def _bad_kv(name: str) -> tuple[list, dict]:
+    """KV-cache op arguments the real op rejects, each naming ``name``."""
+    case = {"k_scale": "nz int8 per-channel", "value_cache": "cpu_vec"}.get(name, "nhd")
+    args, kwargs = _kv_case(case)
+    if name == "slot_mapping":
+        args[7] = args[7].float()
+    elif name == "key_cache":
+        args[5] = args[5][..., :D // 2]
+    elif name == "k_scale":
+        kwargs["k_scale"] = None
+    elif name == "cache_layout":
+        kwargs["cache_layout"] = "nd"
+    elif name == "value_cache":  # cpu_vec's one tensor passed twice
+        args[6] = args[5]
+    elif name == "value_cache=None":  # a layout of two caches without its value cache
+        args[6] = None
+    else:
+        assert name == "num_kv_heads"
+        args[0], args[9] = args[0][:, :HQ * D], 0  # a q-only layer has nothing to cache
+    return args, kwargs
+
+
+BAD_KV = ["slot_mapping", "key_cache", "k_scale", "cache_layout", "value_cache", "value_cache=None", "num_kv_heads"]
+
+
+@pytest.mark.parametrize("name", BAD_KV)
+def test_kv_cache_fake_rejects_what_the_real_op_rejects(name):
+    args, kwargs = _bad_kv(name)
+    before = [c.clone() for c in _caches(args)]
+    _check_real_and_fake_reject(custom_ops.kv_cache_op(), name.split("=")[0], args, kwargs)
+    assert all(torch.equal(c, b) for c, b in zip(_caches(args), before, strict=True))
+
+
+@pytest.mark.parametrize("name", [
+    "nhd",
+    pytest.param("cpu_vec", marks=pytest.mark.xfail(
+        strict=True, raises=Exception,
+        reason="ops/kv_cache.py compares the cpu_vec caches by data_ptr(), which a fake tensor under Dynamo "
+               "refuses; passes once it accepts `value_cache is key_cache` first")),
+])
+def test_kv_cache_compile_serves_every_token_count_with_one_graph(name):
+    """Compiled with dynamic shapes and functionalized (aot_eager), one graph serves 9, 5 and 3
+    tokens (no recompile per batch size) and writes the caches the eager op writes."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda *a, **k: custom_ops.kv_cache_op()(*a, **k), backend=counter,
+                             fullgraph=True, dynamic=True)
+    frames = None
+    for tokens in (9, 5, 3):
+        args, kwargs = _kv_case(name, tokens=tokens, seed=tokens)
+        before_caches = [c.clone() for c in _caches(args)]
+        want, want_caches = _kv_expected(args, kwargs)
+        with torch._dynamo.config.patch(error_on_recompile=frames is not None):
+            _check_kv_call(name, args, kwargs, compiled(*args, **kwargs), want, want_caches, before_caches)
+        frames = frames or counter.frame_count  # the first trace may restart once (float scalars)
+        assert counter.frame_count == frames
