@@ -270,3 +270,116 @@ def test_a_recorded_failure_of_one_variant_leaves_the_others_on_triton(monkeypat
     assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, key=_key(plain)).impl == "triton"
     assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=128, key=_key(gated),
                             features=_features(gated)).impl == "ascendc"
+
+
+# --- the KV-cache write (issue 11): the Triton op only ------------------------------------------
+def _kv_call(layout: str = "nhd", tokens: int = 5) -> dict:
+    """A small call of ``split_qkv_rmsnorm_rope_kv_cache`` (sentinel-filled caches, padding slots)."""
+    geometry = AttentionGeometry(4, 2, 64, 64)
+    gen = torch.Generator().manual_seed(tokens)
+    return {**reference.make_inputs(geometry, tokens, generator=gen),
+            **reference.make_kv_cache(geometry, tokens, cache_layout=layout, block_size=4, generator=gen)}
+
+
+def _kv_features(kwargs: dict) -> frozenset[str]:
+    from vllm_ascend_ext.ops import validation
+
+    return validation.split_qkv_rmsnorm_rope_kv_cache(**kwargs).features
+
+
+def _kv_key(kwargs: dict) -> tuple:
+    return impl.geometry_key(kwargs["num_q_heads"], kwargs["num_kv_heads"], kwargs["head_dim"],
+                             kwargs["cos_sin_cache"].shape[1], kwargs["qkv"].dtype, kwargs["is_neox"],
+                             features=_kv_features(kwargs))
+
+
+def _untouched(kwargs: dict):
+    """A check that qkv and the caches are as they are now."""
+    saved = {name: kwargs[name].clone() for name in ("qkv", "key_cache", "value_cache")}
+    return lambda: all(torch.equal(kwargs[name], value) for name, value in saved.items())
+
+
+def test_ascendc_names_the_kv_cache_write_it_does_not_serve():
+    from vllm_ascend_ext import ascendc
+
+    assert "kv_cache" not in ascendc.SERVED_FEATURES
+    assert _kv_features(_kv_call()) == frozenset({"kv_cache"})
+    assert (ascendc.unsupported_reason(torch.bfloat16, 64, features=frozenset({"kv_cache", "v_norm"}))
+            == "the AscendC kernel does not serve kv_cache (the paged KV-cache write); the Triton op does")
+
+
+@pytest.mark.parametrize("layout", ["nhd", "cpu_vec"])
+def test_auto_runs_the_kv_cache_write_on_triton(monkeypatch, host_sim, layout):
+    """auto, Triton usable: the selector's call is the Triton op's, caches included, bit for bit
+    (the AscendC host build, available here, does not run)."""
+    from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = _kv_call(layout)
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=64, features=_kv_features(kwargs),
+                            key=_kv_key(kwargs)).impl == "triton"
+    want_cache = kwargs["key_cache"].clone()
+    want = split_qkv_rmsnorm_rope_kv_cache(**{**kwargs, "key_cache": want_cache, "value_cache": (
+        want_cache if layout == "cpu_vec" else kwargs["value_cache"].clone())})
+    before = kwargs["key_cache"].clone()
+    host_sim.tiling = None
+    q, k, v = impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert host_sim.tiling is None
+    assert torch.equal(q, want[0]) and k.shape == v.shape == (5, 0)
+    assert torch.equal(kwargs["key_cache"], want_cache) and not torch.equal(kwargs["key_cache"], before)
+
+
+def test_forced_ascendc_refuses_the_kv_cache_write_by_name(monkeypatch, host_sim):
+    """VLLM_ASCEND_EXT_IMPL=ascendc: a clear error naming kv_cache, before anything runs (no
+    silent fallback to Triton, nothing written)."""
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = _kv_call()
+    untouched = _untouched(kwargs)
+    host_sim.tiling = None
+    with pytest.raises(RuntimeError, match=r"^VLLM_ASCEND_EXT_IMPL=ascendc, but the AscendC kernel does not serve "
+                                           r"kv_cache \(the paged KV-cache write\); the Triton op does$"):
+        impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert host_sim.tiling is None and untouched()
+
+
+@pytest.mark.parametrize("why", ["no interpreter", "recorded failure"])
+def test_auto_never_falls_back_to_ascendc_for_the_kv_cache_write(monkeypatch, host_sim, caplog, why):
+    """auto, Triton unusable for the call: the KV-cache op raises with both reasons and its own
+    name, and warns nothing. Without the interpreter the prologue alone falls back to the AscendC
+    kernel; a failure recorded for the KV-cache variant's key leaves the prologue on Triton."""
+    kwargs = _kv_call()
+    if why == "no interpreter":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        reason = "interpreter"
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        impl.record_triton_failure(_kv_key(kwargs), "ub overflow at compile time")
+        reason = "ub overflow at compile time"
+    untouched = _untouched(kwargs)
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend_ext"):
+        with pytest.raises(RuntimeError, match=rf"^split_qkv_rmsnorm_rope_kv_cache: Triton cannot serve this call "
+                                               rf"\(.*{reason}.*\) and neither can the AscendC kernel \(.*does not "
+                                               rf"serve kv_cache"):
+            impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert caplog.records == [] and untouched()
+    prologue = {k: v for k, v in kwargs.items() if k not in ("key_cache", "value_cache", "slot_mapping",
+                                                              "cache_layout", "k_scale", "v_scale")}
+    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=64, key=_key(prologue)).impl == (
+        "ascendc" if why == "no interpreter" else "triton")
+
+
+@pytest.mark.parametrize("mode", ["auto", "triton", "ascendc"])
+@pytest.mark.parametrize("bad,match", [
+    (dict(slot_mapping=torch.zeros(5)), "slot_mapping must be int32 or int64"),
+    (dict(cache_layout="nd"), "cache_layout must be one of"),
+    (dict(return_kv="yes"), "return_kv must be a bool"),
+])
+def test_kv_cache_selector_validates_before_choosing(monkeypatch, host_sim, mode, bad, match):
+    monkeypatch.setenv(impl.ENV_IMPL, mode)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = {**_kv_call(), **bad}
+    untouched = _untouched(kwargs)
+    with pytest.raises(ValueError, match=match):
+        impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert untouched()
