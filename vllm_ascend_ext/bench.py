@@ -18,6 +18,23 @@ kernel moving the prologue's bytes could reach as measured here. Before timing, 
 provider's output is checked against the float64 reference of ``ops.reference`` on inputs from
 its generator (``ops.reference.make_inputs``).
 
+The second op, ``split_qkv_rmsnorm_rope_kv_cache`` (issue 11: the prologue writing k and v into
+the paged KV cache), has a run of its own (:func:`run_kv_cache`, or :func:`run` with
+``op=KV_OP``): per geometry and token count, a bf16 ``nhd`` cache of blocks of 16 with room for
+twice the tokens, one random distinct slot a token, and four providers:
+
+* ``ours_kv``: ``split_qkv_rmsnorm_rope_kv_cache`` (``return_kv=False``);
+* ``ours+scatter``: the prologue op followed by :func:`scatter_kv`, a plain Triton scatter of k
+  and v into the cache (the unfused baseline; both captured together);
+* ``ours``: the prologue op alone;
+* ``copy_kv``: a plain Triton copy of the fused op's fewest bytes (``bytes_moved(...,
+  kv_cache=True)``: read q, k and v, write q and the cache lines), launch included.
+
+Each is timed two ways on CUDA: one call per captured graph (as above), and ``AMORTISED_CALLS``
+calls captured in one graph, divided by their number (what a layer pays inside a captured decode
+step). ``ours_kv`` and ``ours+scatter`` are checked against the float64 reference and
+``ops.reference.kv_cache_write`` (the whole cache: nothing else written).
+
 On CPU the kernel runs through the Triton interpreter: the sizes are small and the timings
 mean nothing for NPU or GPU speed; the run is a correctness and plumbing check.
 
@@ -54,6 +71,25 @@ BAR_SMALL_TOKENS = 64
 COPY_BAR_LARGE = 1.10
 COPY_BAR_SMALL = 1.25
 COPY_BAR_SMALL_TOKENS = 256
+#: The ops the benchmark times and each one's providers (every provider, in table order).
+OP = "split_qkv_rmsnorm_rope"
+KV_OP = "split_qkv_rmsnorm_rope_kv_cache"
+KV_PROVIDERS = ("ours_kv", "ours+scatter", "ours", "copy_kv")
+OPS = {OP: PROVIDERS, KV_OP: KV_PROVIDERS}
+#: Providers whose outputs are checked against the float64 reference (``check_rows``).
+CHECKED_PROVIDERS = ("ours", "ours_kv", "ours+scatter")
+#: The KV-cache run: block size of its ``nhd`` bf16 caches, and calls captured in one graph for
+#: the amortised timing (``CPU_AMORTISED_CALLS`` through the interpreter).
+KV_BLOCK_SIZE = 16
+AMORTISED_CALLS = 20
+CPU_AMORTISED_CALLS = 2
+#: The bar of issue 11, both timing modes: at T <= BAR_SMALL_TOKENS ours_kv <= 1.15 x ours (the
+#: prologue alone) and <= 0.8 x ours+scatter; at T >= BAR_LARGE_TOKENS ours_kv <= 1.15 x copy_kv.
+KV_BAR_PROLOGUE = 1.15
+KV_BAR_UNFUSED = 0.8
+KV_BAR_COPY = 1.15
+#: Elements of k (and of v) one program of :func:`scatter_kv` stores, at most.
+SCATTER_TILE = 2048
 CPU_DISCLAIMER = ("CPU run: the kernel ran through the Triton interpreter; these timings mean "
                   "nothing for NPU or GPU speed.")
 TOLERANCE = {torch.bfloat16: 2.0**-6, torch.float16: 2.0**-9, torch.float32: 1e-5}
@@ -80,6 +116,30 @@ class Row:
         return self.bytes / self.us / 1e3 if self.us > 0 else float("nan")
 
 
+@dataclass
+class KVRow:
+    """One (geometry, token count, provider) measurement of the KV-cache run."""
+
+    model: str
+    tp: int
+    geometry: str
+    tokens: int
+    provider: str
+    us: float  # one call per captured graph
+    us_amortised: float  # ``calls`` calls captured in one graph, per call
+    calls: int
+    max_rel_err: float  # NaN for copy_kv (nothing to check)
+    bytes: int  # the fused op's fewest bytes, the same for every provider of a (geometry, T)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.us / 1e3 if self.us > 0 else float("nan")
+
+    @property
+    def gbps_amortised(self) -> float:
+        return self.bytes / self.us_amortised / 1e3 if self.us_amortised > 0 else float("nan")
+
+
 def detect_device() -> torch.device:
     """The device the op would run on here, as ``vllm-ascend-ext doctor`` decides it.
 
@@ -94,20 +154,25 @@ def detect_device() -> torch.device:
     return torch.device(detect_backend().device)
 
 
-def default_providers(device_type: str) -> tuple[str, ...]:
+def default_providers(device_type: str, op: str = OP) -> tuple[str, ...]:
     """The providers a run times by default on a device type.
 
     Parameters
     ----------
     device_type : str
         ``"cuda"``, ``"npu"`` or ``"cpu"``.
+    op : str
+        :data:`OP` or :data:`KV_OP`.
 
     Returns
     -------
     tuple of str
-        All of :data:`PROVIDERS` on an accelerator; on ``"cpu"`` eager and ours (Inductor's CPU
-        compile of every shape would take minutes and time nothing that matters).
+        For :data:`OP`, all of :data:`PROVIDERS` on an accelerator; on ``"cpu"`` eager and ours
+        (Inductor's CPU compile of every shape would take minutes and time nothing that matters).
+        For :data:`KV_OP`, all of :data:`KV_PROVIDERS` everywhere.
     """
+    if op == KV_OP:
+        return KV_PROVIDERS
     return ("eager", "ours") if device_type == "cpu" else PROVIDERS
 
 
@@ -212,7 +277,7 @@ def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int =
                             max_position=MAX_POSITION, out_of_range=False, generator=generator)
 
 
-def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4) -> int:
+def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4, kv_cache: bool = False) -> int:
     """The fewest bytes the prologue moves: q and k read and written (and the gate and v where
     they are written), one cos/sin row a token (three with mRoPE).
 
@@ -223,14 +288,18 @@ def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4
     tokens : int
         ``T``.
     elem_bytes, cache_bytes : int
-        Element sizes of qkv and of the cos/sin cache.
+        Element sizes of qkv (and of a KV cache of its dtype) and of the cos/sin cache.
+    kv_cache : bool
+        The bytes of ``split_qkv_rmsnorm_rope_kv_cache``: v is always read and written (into
+        the value cache), k written into the key cache, a cache line per token and kv head, of
+        qkv's dtype.
 
     Returns
     -------
     int
     """
     heads = geometry.num_q_heads * (2 if geometry.q_gate else 1) + geometry.num_kv_heads * (
-        2 if geometry.v_norm else 1)
+        2 if geometry.v_norm or kv_cache else 1)
     rows = 1 if geometry.mrope_section is None else 3
     return tokens * (2 * heads * geometry.head_dim * elem_bytes + rows * geometry.rotary_dim * cache_bytes)
 
@@ -250,7 +319,9 @@ class _Timer:
         self.device = device
         self.reps = reps
 
-    def __call__(self, fn: Callable[[], object]) -> float:
+    def __call__(self, fn: Callable[[], object], calls: int = 1) -> float:
+        """Microseconds per call of ``fn``; ``calls`` calls run back to back per timing (on CUDA
+        captured in one graph), the time divided by ``calls``."""
         if self.device.type == "cuda":
             import triton.testing
 
@@ -258,8 +329,9 @@ class _Timer:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                fn()
-            return 1e3 * triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+                for _ in range(calls):
+                    fn()
+            return 1e3 * triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median") / calls
         if self.device.type == "npu":  # pragma: no cover - needs an NPU
             fn()
             torch.npu.synchronize()
@@ -267,17 +339,19 @@ class _Timer:
             for _ in range(self.reps):
                 start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
                 start.record()
-                fn()
+                for _ in range(calls):
+                    fn()
                 end.record()
                 end.synchronize()
-                times.append(1e3 * start.elapsed_time(end))
+                times.append(1e3 * start.elapsed_time(end) / calls)
             return statistics.median(times)
         fn()
         times = []
         for _ in range(self.reps):
             start = time.perf_counter()
-            fn()
-            times.append(1e6 * (time.perf_counter() - start))
+            for _ in range(calls):
+                fn()
+            times.append(1e6 * (time.perf_counter() - start) / calls)
         return statistics.median(times)
 
 
@@ -346,7 +420,83 @@ def _jit_helpers():
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
-    return empty_kernel, copy_kernel
+    @triton.jit
+    def scatter_kernel(k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, slot_ptr, k_row_stride, v_row_stride,
+                       block_size, block_stride, slot_stride, head_stride, num_kv_heads,
+                       HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+        # One program per (token, block of HEADS kv heads): load its k and v rows, store them at
+        # the token's slot; a negative slot stores nothing.
+        token = tl.program_id(0).to(tl.int64)
+        heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]
+        lanes = tl.arange(0, BLOCK_D)[None, :]
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        mask = (heads < num_kv_heads) & (lanes < HEAD_DIM) & (slot >= 0)
+        slot = tl.maximum(slot, 0)
+        src = heads * HEAD_DIM + lanes
+        dst = (slot // block_size) * block_stride + (slot % block_size) * slot_stride + heads * head_stride + lanes
+        k = tl.load(k_ptr + token * k_row_stride + src, mask=mask)
+        tl.store(key_cache_ptr + dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
+        v = tl.load(v_ptr + token * v_row_stride + src, mask=mask)
+        tl.store(value_cache_ptr + dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+    return empty_kernel, copy_kernel, scatter_kernel
+
+
+def scatter_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               slot_mapping: torch.Tensor) -> None:
+    """Write each token's k and v into the paged ``nhd`` caches at its slot: the benchmark's
+    separate cache-write kernel (``ours+scatter``), a plain Triton scatter.
+
+    One program per (token, block of kv heads of at most :data:`SCATTER_TILE` elements; a warp
+    per 256 of them, 1 to 8), one masked load and store of k and of v each; a negative slot
+    writes nothing. No host sync.
+
+    Parameters
+    ----------
+    k, v : torch.Tensor
+        ``[T, Hkv*D]``, unit stride in the last dimension (rows may be strided, as views of qkv).
+    key_cache, value_cache : torch.Tensor
+        ``[num_blocks, block_size, Hkv, D]``, same shape and strides, unit lane stride, bf16,
+        fp16 or fp32 (the values are cast to it).
+    slot_mapping : torch.Tensor
+        ``[T]`` or longer (the first ``T`` are read), int32 or int64, contiguous. Slot ``s`` is
+        block ``s // block_size``, row ``s % block_size``.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument whose shape, strides, dtype or device do not fit.
+    """
+    import triton
+
+    if key_cache.dim() != 4 or key_cache.stride(-1) != 1 or key_cache.dtype not in (
+            torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"key_cache must be a [num_blocks, block_size, Hkv, D] bf16/fp16/fp32 cache with unit "
+                         f"lane stride, got {tuple(key_cache.shape)} {key_cache.dtype} strides {key_cache.stride()}")
+    if (value_cache.shape, value_cache.stride(), value_cache.dtype) != (
+            key_cache.shape, key_cache.stride(), key_cache.dtype):
+        raise ValueError("value_cache must have key_cache's shape, strides and dtype")
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    tokens = k.shape[0] if k.dim() == 2 else -1
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 2 or t.shape != (tokens, num_kv_heads * head_dim) or (t.numel() and t.stride(-1) != 1):
+            raise ValueError(f"{name} must be [T, Hkv*D] = [T, {num_kv_heads * head_dim}] with unit last stride "
+                             f"(and v as many rows as k), got {tuple(t.shape)}")
+    if (slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int32, torch.int64)
+            or slot_mapping.numel() < tokens or not slot_mapping.is_contiguous()):
+        raise ValueError(f"slot_mapping must be a contiguous int32/int64 [T] tensor with T >= {tokens}, got "
+                         f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    if len({t.device for t in (k, v, key_cache, value_cache, slot_mapping)}) != 1:
+        raise ValueError("k, v, key_cache, value_cache and slot_mapping must be on one device")
+    if tokens == 0:
+        return
+    block_d = triton.next_power_of_2(head_dim)
+    heads = max(1, min(triton.next_power_of_2(num_kv_heads), SCATTER_TILE // block_d))
+    grid = (tokens, triton.cdiv(num_kv_heads, heads))
+    _jit_helpers()[2][grid](k, v, key_cache, value_cache, slot_mapping, k.stride(0), v.stride(0), block_size,
+                            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_kv_heads,
+                            HEAD_DIM=head_dim, HEADS=heads, BLOCK_D=block_d,
+                            num_warps=max(1, min(8, heads * block_d // 256)))
 
 
 def _providers(names, compiled):
@@ -356,8 +506,31 @@ def _providers(names, compiled):
     return {name: table[name] for name in names}
 
 
-def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
-        progress: Callable[[str], None] | None = None, reps: int | None = None) -> dict:
+def _checked_tokens(tokens, is_cpu: bool) -> tuple[int, ...]:
+    tokens = tuple(tokens or (CPU_TOKENS if is_cpu else GPU_TOKENS))
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tokens):
+        raise ValueError(f"tokens must be positive ints, got {tokens!r}")
+    return tokens
+
+
+def _checked_providers(providers, known: tuple[str, ...]) -> tuple[str, ...]:
+    providers = tuple(known if providers is None else providers)
+    if not providers or any(p not in known for p in providers):
+        raise ValueError(f"providers must be a non-empty subset of {known}, got {providers!r}")
+    return providers
+
+
+def _meta(device: torch.device, op: str) -> dict:
+    from vllm_ascend_ext.ops import settings
+
+    return {"op": op, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+            "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
+            "interpreter": settings.triton_interpret()}
+
+
+def run(device: torch.device, tokens=None, providers=None, geometries=None,
+        progress: Callable[[str], None] | None = None, reps: int | None = None, op: str = OP,
+        calls: int | None = None) -> dict:
     """Check and time every (geometry, token count, provider).
 
     Parameters
@@ -366,37 +539,44 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
         Where to run (CUDA, NPU or CPU through the Triton interpreter).
     tokens : sequence of int, optional
         Token counts (default: ``GPU_TOKENS`` on an accelerator, ``CPU_TOKENS`` on CPU).
-    providers : sequence of str
-        Any of ``PROVIDERS``.
+    providers : sequence of str, optional
+        Any of the op's providers (``OPS[op]``; default all of them).
     geometries : sequence of (model name, tp), optional
         Default ``ops.models.BENCH_GEOMETRIES``.
     progress : callable, optional
         Called with a short label before each measurement; the run is over when this returns.
     reps : int, optional
         Repetitions per timing where the device has no graph replay (NPU, CPU).
+    op : str
+        :data:`OP`, or :data:`KV_OP` for :func:`run_kv_cache` (which takes ``calls``).
+    calls : int, optional
+        :data:`KV_OP` only: calls per amortised timing.
 
     Returns
     -------
     dict
-        ``{"rows": [Row, ...], "meta": {...}}``; ``meta`` holds the device, the copy bandwidth,
-        the launch floor and the versions.
+        ``{"rows": [Row, ...], "meta": {...}}``; ``meta`` holds the op, the device, the copy
+        bandwidth, the launch floor and the versions. With :data:`KV_OP`, what
+        :func:`run_kv_cache` returns.
 
     Raises
     ------
     ValueError
-        Naming ``tokens`` or ``providers`` when one is not a positive int / not a provider.
+        Naming ``op``, ``tokens``, ``providers`` or ``calls`` when one is not an op / not a
+        positive int / not a provider of the op.
     """
-    from vllm_ascend_ext.ops import settings
+    if op not in OPS:
+        raise ValueError(f"op must be one of {tuple(OPS)}, got {op!r}")
+    if op == KV_OP:
+        return run_kv_cache(device, tokens, providers, geometries, progress, reps, calls)
+    if calls is not None:
+        raise ValueError(f"calls is for op={KV_OP!r} only")
     from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
     from vllm_ascend_ext.ops.reference import split_qkv_rmsnorm_rope as reference
 
     is_cpu = device.type == "cpu"
-    tokens = tuple(tokens or (CPU_TOKENS if is_cpu else GPU_TOKENS))
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tokens):
-        raise ValueError(f"tokens must be positive ints, got {tokens!r}")
-    providers = tuple(providers)
-    if not providers or any(p not in PROVIDERS for p in providers):
-        raise ValueError(f"providers must be a non-empty subset of {PROVIDERS}, got {providers!r}")
+    tokens = _checked_tokens(tokens, is_cpu)
+    providers = _checked_providers(providers, PROVIDERS)
     geometries = tuple(geometries or BENCH_GEOMETRIES)
     timer = _Timer(device, reps or (3 if is_cpu else 50))
     if "compile" in providers:
@@ -427,12 +607,153 @@ def run(device: torch.device, tokens=None, providers=PROVIDERS, geometries=None,
                 us = timer(lambda: fn(**args))
                 rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch,
                                 copy_us))
-    meta = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        "copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch,
-        "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
-        "interpreter": settings.triton_interpret(),
-    }
+    meta = _meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
+    return {"rows": rows, "meta": meta}
+
+
+def make_kv_inputs(geometry, tokens: int, device, seed: int = 0) -> tuple[dict, dict]:
+    """The KV-cache run's arguments of one call: the prologue's (:func:`make_inputs`) and the cache's.
+
+    Parameters
+    ----------
+    geometry : AttentionGeometry
+        One rank's layer geometry.
+    tokens : int
+        ``T``.
+    device : torch.device or str
+        Where the tensors live.
+    seed : int
+        Seed of the CPU generators the draws come from.
+
+    Returns
+    -------
+    args : dict
+        The prologue op's keyword arguments (bf16 qkv).
+    cache : dict
+        ``key_cache, value_cache, slot_mapping, cache_layout`` from ``ops.reference.make_kv_cache``:
+        bf16 ``nhd`` caches of :data:`KV_BLOCK_SIZE`-row blocks, sentinel-filled, with room for
+        twice the tokens, and one random distinct slot a token (no padding).
+    """
+    from .ops.reference import make_kv_cache
+
+    cache = make_kv_cache(geometry, tokens, cache_layout="nhd", dtype=torch.bfloat16, block_size=KV_BLOCK_SIZE,
+                          padding=0, device=device, generator=torch.Generator(device="cpu").manual_seed(seed))
+    return make_inputs(geometry, tokens, device, seed=seed), {
+        name: cache[name] for name in ("key_cache", "value_cache", "slot_mapping", "cache_layout")}
+
+
+def _kv_providers(names, args: dict, cache: dict, device: torch.device, nbytes: int) -> dict:
+    """Each provider of the KV-cache run as a list of zero-argument callables (the fastest counts)."""
+    from .ops.split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope as prologue
+    from .ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache as fused
+
+    def ours_kv():
+        return fused(**args, **cache)
+
+    def ours_scatter():
+        out = prologue(**args)
+        scatter_kv(out[1], out[2], cache["key_cache"], cache["value_cache"], cache["slot_mapping"])
+        return out
+
+    def ours():
+        return prologue(**args)
+
+    table = {"ours_kv": [ours_kv], "ours+scatter": [ours_scatter], "ours": [ours]}
+    if "copy_kv" in names:
+        n = max(1, nbytes // 4)  # int16 elements: n read and n written
+        src = torch.zeros(n, dtype=torch.int16, device=device)
+        dst = torch.empty_like(src)
+        table["copy_kv"] = [functools.partial(_triton_copy, src, dst, block, warps) for block, warps in COPY_CONFIGS]
+    return {name: table[name] for name in names}
+
+
+def _kv_error(provider: str, out, ref, cache: dict, expected) -> float:
+    """Largest error of a provider's outputs and of the caches it left, relative to each one's scale
+    (k's and v's for the caches: a sentinel overwritten by anything shows as a large error)."""
+    if provider == "ours":
+        return _max_rel_err(out, ref)
+    pairs = list(zip(out, ref)) if provider == "ours+scatter" else [(out[0], ref[0])] + list(zip(out[3:], ref[3:]))
+    err = _max_rel_err(*zip(*pairs))
+    for name, want, y in (("key_cache", expected[0], ref[1]), ("value_cache", expected[1], ref[2])):
+        scale = y.abs().max().item() or 1.0
+        err = max(err, (cache[name].cpu().double() - want).abs().max().item() / scale)
+    return err
+
+
+def run_kv_cache(device: torch.device, tokens=None, providers=None, geometries=None,
+                 progress: Callable[[str], None] | None = None, reps: int | None = None,
+                 calls: int | None = None) -> dict:
+    """Check and time ``split_qkv_rmsnorm_rope_kv_cache`` against the unfused pair, the prologue
+    alone and the same-bytes copy, per (geometry, token count, provider), both timing modes.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where to run (CUDA, NPU or CPU through the Triton interpreter).
+    tokens : sequence of int, optional
+        Token counts (default: ``GPU_TOKENS`` on an accelerator, ``CPU_TOKENS`` on CPU).
+    providers : sequence of str, optional
+        Any of :data:`KV_PROVIDERS` (default all).
+    geometries : sequence of (model name, tp), optional
+        Default ``ops.models.BENCH_GEOMETRIES``.
+    progress : callable, optional
+        Called with a short label before each provider's check and timings.
+    reps : int, optional
+        Repetitions per timing where the device has no graph replay (NPU, CPU).
+    calls : int, optional
+        Calls per amortised timing (captured in one graph on CUDA); default
+        :data:`AMORTISED_CALLS`, :data:`CPU_AMORTISED_CALLS` on CPU.
+
+    Returns
+    -------
+    dict
+        ``{"rows": [KVRow, ...], "meta": {...}}``; ``meta`` holds ``op`` (:data:`KV_OP`), the
+        device, the launch floor, the amortised call count, the cache's layout, dtype and block
+        size, and the versions.
+
+    Raises
+    ------
+    ValueError
+        Naming ``tokens``, ``providers`` or ``calls``.
+    """
+    from vllm_ascend_ext.ops import reference
+    from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
+
+    is_cpu = device.type == "cpu"
+    tokens = _checked_tokens(tokens, is_cpu)
+    providers = _checked_providers(providers, KV_PROVIDERS)
+    calls = calls if calls is not None else (CPU_AMORTISED_CALLS if is_cpu else AMORTISED_CALLS)
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive int, got {calls!r}")
+    geometries = tuple(geometries or BENCH_GEOMETRIES)
+    timer = _Timer(device, reps or (3 if is_cpu else 50))
+    launch = launch_floor(device, timer)
+    rows = []
+    for name, tp in geometries:
+        geometry = model(name).shard(tp)
+        for count in tokens:
+            args, cache = make_kv_inputs(geometry, count, device, seed=count)
+            nbytes = bytes_moved(geometry, count, kv_cache=True)
+            ref = reference.split_qkv_rmsnorm_rope(**args)
+            initial = cache["key_cache"].clone(), cache["value_cache"].clone()
+            expected = None
+            if {"ours_kv", "ours+scatter"} & set(providers):
+                expected = reference.kv_cache_write(
+                    initial[0].cpu(), initial[1].cpu(), ref[1].cpu(), ref[2].cpu(), cache["slot_mapping"].cpu(),
+                    geometry.num_kv_heads, geometry.head_dim, cache_layout="nhd")
+            for provider, fns in _kv_providers(providers, args, cache, device, nbytes).items():
+                if progress:
+                    progress(f"{name} tp{tp} T={count} {provider}")
+                err = float("nan")
+                if provider != "copy_kv":
+                    cache["key_cache"].copy_(initial[0])
+                    cache["value_cache"].copy_(initial[1])
+                    err = _kv_error(provider, fns[0](), ref, cache, expected)
+                us = min(timer(fn) for fn in fns)
+                us_amortised = min(timer(fn, calls) for fn in fns)
+                rows.append(KVRow(name, tp, geometry.label, count, provider, us, us_amortised, calls, err, nbytes))
+    meta = _meta(device, KV_OP) | {"launch_floor_us": launch, "amortised_calls": calls, "cache_layout": "nhd",
+                                   "cache_dtype": "bf16", "block_size": KV_BLOCK_SIZE}
     return {"rows": rows, "meta": meta}
 
 
@@ -446,11 +767,11 @@ def _triton_version() -> str:
 
 
 def check_rows(rows) -> list[str]:
-    """The ``ours`` rows further from the float64 reference than bf16 allows.
+    """The rows of our ops (``CHECKED_PROVIDERS``) further from the float64 reference than bf16 allows.
 
     Parameters
     ----------
-    rows : list of Row
+    rows : list of Row or KVRow
         A run's rows.
 
     Returns
@@ -460,7 +781,7 @@ def check_rows(rows) -> list[str]:
     """
     limit = TOLERANCE[torch.bfloat16]
     return [f"{r.model} tp{r.tp} T={r.tokens} {r.provider}: rel err {r.max_rel_err:.2e} > {limit:.1e}"
-            for r in rows if r.provider == "ours" and not r.max_rel_err <= limit]
+            for r in rows if r.provider in CHECKED_PROVIDERS and not r.max_rel_err <= limit]
 
 
 def format_table(result: dict) -> str:
@@ -475,8 +796,11 @@ def format_table(result: dict) -> str:
     -------
     str
         A device line, then per (geometry, T): µs per provider, our GB/s, the floor, ours/floor,
-        ours/launch floor, the same-bytes copy and ours/copy, compile/ours, our error.
+        ours/launch floor, the same-bytes copy and ours/copy, compile/ours, our error. For
+        :data:`KV_OP`, :func:`format_kv_table`'s.
     """
+    if result["meta"].get("op") == KV_OP:
+        return format_kv_table(result)
     rows, meta = result["rows"], result["meta"]
     by_key: dict = {}
     for r in rows:
@@ -499,9 +823,97 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _kv_ratio(cells: dict, provider: str, attr: str) -> float:
+    if "ours_kv" not in cells or provider not in cells:
+        return float("nan")
+    return getattr(cells["ours_kv"], attr) / getattr(cells[provider], attr)
+
+
+def _kv_cells(rows) -> dict:
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault((r.model, r.tp, r.geometry, r.tokens), {})[r.provider] = r
+    return by_key
+
+
+def format_kv_table(result: dict) -> str:
+    """A KV-cache run (:func:`run_kv_cache`) as text: two tables, one per timing mode.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run_kv_cache` returned.
+
+    Returns
+    -------
+    str
+        A device line; then for one call per captured graph, and for the amortised calls: per
+        (geometry, T) µs per provider, ``ours_kv`` over ``ours``, over ``ours+scatter`` and over
+        ``copy_kv``; the first table ends with the largest error of ``ours_kv`` and
+        ``ours+scatter``.
+    """
+    rows, meta = result["rows"], result["meta"]
+    by_key = _kv_cells(rows)
+    providers = [p for p in KV_PROVIDERS if any(p in v for v in by_key.values())]
+    lines = [f"device {meta['device']}: empty-kernel replay {meta['launch_floor_us']:.2f} us; "
+             f"{meta['cache_dtype']} {meta['cache_layout']} cache, block {meta['block_size']}, one random slot a token"]
+    amortised = f"amortised: {meta['amortised_calls']} calls a timing (one captured graph on CUDA), per call"
+    for title, attr in (("one call a timing (a captured graph on CUDA)", "us"), (amortised, "us_amortised")):
+        lines.append(f"{KV_OP}, {title}:")
+        head = f"{'geometry':24} {'T':>6} " + " ".join(f"{p + ' us':>15}" for p in providers)
+        head += f" {'kv/ours':>8} {'kv/(ours+scatter)':>17} {'kv/copy':>8}" + (f" {'err':>8}" if attr == "us" else "")
+        lines.append(head)
+        for (_, _, label, count), cells in by_key.items():
+            line = f"{label:24} {count:6d} " + " ".join(
+                f"{getattr(cells[p], attr):15.2f}" if p in cells else f"{'-':>15}" for p in providers)
+            line += (f" {_kv_ratio(cells, 'ours', attr):8.2f} {_kv_ratio(cells, 'ours+scatter', attr):17.2f}"
+                     f" {_kv_ratio(cells, 'copy_kv', attr):8.2f}")
+            if attr == "us":
+                errs = [cells[p].max_rel_err for p in ("ours_kv", "ours+scatter") if p in cells]
+                line += f" {max(errs):8.1e}" if errs else f" {'-':>8}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def kv_bar_verdict(result: dict) -> list[str]:
+    """Issue 11's bar, line by line, in both timing modes: at T <= BAR_SMALL_TOKENS ours_kv over
+    the prologue alone (<= :data:`KV_BAR_PROLOGUE`) and over the unfused pair (<=
+    :data:`KV_BAR_UNFUSED`); at T >= BAR_LARGE_TOKENS ours_kv over the same-bytes copy (<=
+    :data:`KV_BAR_COPY`). Each row over the bar is listed.
+
+    Parameters
+    ----------
+    result : dict
+        What :func:`run_kv_cache` returned.
+
+    Returns
+    -------
+    list of str
+        Nothing for a comparison whose providers were not run.
+    """
+    by_key = _kv_cells(result["rows"])
+    calls = result["meta"].get("amortised_calls", AMORTISED_CALLS)
+    out = []
+    for mode, attr in (("graph", "us"), (f"amortised x{calls}", "us_amortised")):
+        for name, small, other, bar in (
+                (f"T<={BAR_SMALL_TOKENS} {mode}: ours_kv/ours", True, "ours", KV_BAR_PROLOGUE),
+                (f"T<={BAR_SMALL_TOKENS} {mode}: ours_kv/(ours+scatter)", True, "ours+scatter", KV_BAR_UNFUSED),
+                (f"T>={BAR_LARGE_TOKENS} {mode}: ours_kv/copy_kv", False, "copy_kv", KV_BAR_COPY)):
+            picked = [(key, _kv_ratio(cells, other, attr)) for key, cells in by_key.items()
+                      if (key[3] <= BAR_SMALL_TOKENS if small else key[3] >= BAR_LARGE_TOKENS)
+                      and "ours_kv" in cells and other in cells]
+            if not picked:
+                continue
+            worst = max(ratio for _, ratio in picked)
+            out.append(f"{name} worst {worst:.2f} ({'PASS' if worst <= bar else 'FAIL'} <= {bar}; issue 11)")
+            out.extend(f"  over: {key[2]} T={key[3]} {ratio:.2f}" for key, ratio in picked if not ratio <= bar)
+    return out
+
+
 def bar_verdict(result: dict) -> list[str]:
     """Issue 2's bar, line by line (CUDA runs): floor ratio, launch ratio, ours vs compile; then
-    issue 10's: ours against the same-bytes copy at large and at small token counts.
+    issue 10's: ours against the same-bytes copy at large and at small token counts. For a
+    :data:`KV_OP` run, issue 11's (:func:`kv_bar_verdict`).
 
     Each failing row is listed with what the same-bytes copy reached: where the copy itself is
     over the bar, no kernel that moves those bytes meets it as measured.
@@ -515,6 +927,8 @@ def bar_verdict(result: dict) -> list[str]:
     -------
     list of str
     """
+    if result.get("meta", {}).get("op") == KV_OP:
+        return kv_bar_verdict(result)
     rows = [r for r in result["rows"] if r.provider == "ours"]
     compile_us = {(r.model, r.tp, r.tokens): r.us for r in result["rows"] if r.provider == "compile"}
     slower = [f"{r.geometry} T={r.tokens}" for r in rows
@@ -551,8 +965,9 @@ def bar_verdict(result: dict) -> list[str]:
     return out
 
 
-def write_outputs(result: dict, out_dir: Path) -> list[Path]:
-    """CSV and JSON of every row, and a PNG (bandwidth vs tokens per provider, with the floor).
+def write_outputs(result: dict, out_dir: Path, text: str | None = None) -> list[Path]:
+    """CSV and JSON of every row, the text shown (if given), and for :data:`OP` a PNG (bandwidth
+    vs tokens per provider, with the floor); the files are named ``bench_<op>.*``.
 
     Parameters
     ----------
@@ -560,25 +975,34 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
         What :func:`run` returned.
     out_dir : Path
         The folder (created if missing); nothing is written outside it.
+    text : str, optional
+        Written as ``bench_<op>.txt`` (the table and bar lines as printed).
 
     Returns
     -------
     list of Path
-        The files written (no PNG without matplotlib).
+        The files written (no PNG without matplotlib, none for :data:`KV_OP`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    op = result["meta"].get("op", OP)
     rows = result["rows"]
-    fields = list(asdict(rows[0])) + ["gbps"] if rows else []
-    csv_path, json_path = out_dir / "bench_split_qkv_rmsnorm_rope.csv", out_dir / "bench_split_qkv_rmsnorm_rope.json"
+
+    def record(r):
+        return asdict(r) | {"gbps": r.gbps} | ({"gbps_amortised": r.gbps_amortised} if isinstance(r, KVRow) else {})
+
+    fields = list(record(rows[0])) if rows else []
+    csv_path, json_path = out_dir / f"bench_{op}.csv", out_dir / f"bench_{op}.json"
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for r in rows:
-            writer.writerow(asdict(r) | {"gbps": r.gbps})
-    json_path.write_text(json.dumps({"meta": result["meta"],
-                                     "rows": [asdict(r) | {"gbps": r.gbps} for r in rows]}, indent=1))
+            writer.writerow(record(r))
+    json_path.write_text(json.dumps({"meta": result["meta"], "rows": [record(r) for r in rows]}, indent=1))
     paths = [csv_path, json_path]
-    png = plot(result, out_dir / "bench_split_qkv_rmsnorm_rope.png")
+    if text is not None:
+        paths.append(out_dir / f"bench_{op}.txt")
+        paths[-1].write_text(text if text.endswith("\n") else text + "\n")
+    png = plot(result, out_dir / f"bench_{op}.png") if op == OP else None
     if png:
         paths.append(png)
     return paths

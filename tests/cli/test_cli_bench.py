@@ -14,7 +14,7 @@ from cli_helpers import assert_one_line_error
 from vllm_ascend_ext import bench as core
 from vllm_ascend_ext.backends import detect_backend
 from vllm_ascend_ext.cli.common import Progress
-from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES
+from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, AttentionGeometry, model
 
 pytestmark = pytest.mark.skipif(detect_backend().name != "cpu", reason="sizes chosen for the CPU interpreter")
 
@@ -218,3 +218,179 @@ def test_run_records_the_interpreter_as_settings_read_it(monkeypatch):
 def test_run_refuses_bad_arguments_by_name(kwargs, name):
     with pytest.raises(ValueError, match=name):
         core.run(torch.device("cpu"), **({"tokens": (1,), "providers": ("ours",)} | kwargs))
+
+
+# --- The KV-cache run (issue 11): the scatter baseline, the bytes, both timing modes, the bar ---
+
+KV_GEOMETRY = (("Qwen3-32B", 8),)  # 8/1/128: the interpreter's quickest geometry
+
+
+@pytest.mark.parametrize("geometry, tokens, cache_dtype", [
+    (AttentionGeometry(4, 3, 64, 64), 19, torch.bfloat16),                 # 3 heads: a masked head row
+    (model("Gemma-4-31B:sliding").shard(1), 5, torch.bfloat16),            # 16 x 256: two head blocks a token
+    (model("Qwen3-32B").shard(8), 33, torch.float32),                      # 1 head; cast to an fp32 cache
+])
+def test_scatter_kv_writes_each_slot_and_nothing_else(geometry, tokens, cache_dtype):
+    """Every slot's line holds its token's k and v, padding slots and every other line keep their
+    sentinel: against ``ops.reference.kv_cache_write``, bit for bit (the casts are exact)."""
+    from vllm_ascend_ext.ops.reference import kv_cache_write, make_kv_cache
+
+    generator = torch.Generator().manual_seed(tokens)
+    cache = make_kv_cache(geometry, tokens, dtype=cache_dtype, padding=2, generator=generator)
+    width = geometry.num_kv_heads * geometry.head_dim
+    qkv = torch.randn(tokens, 3 * width + 8, generator=generator).to(torch.bfloat16)
+    k, v = qkv[:, 8:8 + width], qkv[:, 8 + 2 * width:]  # row-strided views, as the prologue's v is
+    want = kv_cache_write(cache["key_cache"], cache["value_cache"], k, v, cache["slot_mapping"],
+                          geometry.num_kv_heads, geometry.head_dim)
+    assert int((cache["slot_mapping"] < 0).sum()) == 2 and len(set(cache["slot_mapping"].tolist())) == tokens - 1
+    core.scatter_kv(k, v, cache["key_cache"], cache["value_cache"], cache["slot_mapping"])
+    assert torch.equal(cache["key_cache"].double(), want[0])
+    assert torch.equal(cache["value_cache"].double(), want[1])
+
+
+def _scatter_args(**changes):
+    from vllm_ascend_ext.ops.reference import make_kv_cache
+
+    cache = make_kv_cache(AttentionGeometry(2, 2, 32, 32), 4, padding=0)
+    args = dict(k=torch.zeros(4, 64, dtype=torch.bfloat16), v=torch.zeros(4, 64, dtype=torch.bfloat16),
+                key_cache=cache["key_cache"], value_cache=cache["value_cache"], slot_mapping=cache["slot_mapping"])
+    return args | {name: change(args[name]) for name, change in changes.items()}
+
+
+@pytest.mark.parametrize("changes, name", [
+    ({"key_cache": lambda c: c[0]}, "key_cache"),
+    ({"key_cache": lambda c: c.to(torch.int8), "value_cache": lambda c: c.to(torch.int8)}, "key_cache"),
+    ({"key_cache": lambda c: c.transpose(2, 3)}, "key_cache"),
+    ({"value_cache": lambda c: c.float()}, "value_cache"),
+    ({"k": lambda t: t[:, :32]}, "k"),
+    ({"v": lambda t: t[:3]}, "v"),
+    ({"slot_mapping": lambda s: s.float()}, "slot_mapping"),
+    ({"slot_mapping": lambda s: s[:3]}, "slot_mapping"),
+])
+def test_scatter_kv_refuses_bad_arguments_by_name(changes, name):
+    args = _scatter_args(**changes)
+    before = args["key_cache"].clone()
+    with pytest.raises(ValueError, match=name):
+        core.scatter_kv(**args)
+    assert torch.equal(args["key_cache"], before)
+
+
+def test_kv_bytes_read_and_write_v_and_write_k_into_the_cache():
+    plain, vnorm = model("Qwen3-8B").shard(1), model("Gemma-4-31B:sliding").shard(1)
+    assert core.bytes_moved(plain, 7, kv_cache=True) == 7 * (2 * (32 + 2 * 8) * 128 * 2 + 128 * 4)
+    assert core.bytes_moved(plain, 7, kv_cache=True) - core.bytes_moved(plain, 7) == 7 * 2 * 8 * 128 * 2
+    assert core.bytes_moved(vnorm, 7, kv_cache=True) == core.bytes_moved(vnorm, 7)  # v already counted
+
+
+def test_amortised_timing_runs_the_calls_back_to_back():
+    calls = []
+    timer = core._Timer(torch.device("cpu"), reps=2)
+    assert timer(lambda: calls.append(1), calls=5) >= 0
+    assert len(calls) == 1 + 2 * 5  # one warm-up, then two timings of five calls
+
+
+def test_kv_run_checks_times_both_ways_and_writes_outputs(tmp_path):
+    result = core.run(torch.device("cpu"), tokens=(3,), geometries=KV_GEOMETRY, reps=1, op=core.KV_OP, calls=2)
+    rows = result["rows"]
+    assert [r.provider for r in rows] == list(core.KV_PROVIDERS)
+    assert all(r.us > 0 and r.us_amortised > 0 and r.calls == 2 for r in rows)
+    assert len({r.bytes for r in rows}) == 1 and rows[0].bytes == core.bytes_moved(model("Qwen3-32B").shard(8), 3,
+                                                                                   kv_cache=True)
+    errors = {r.provider: r.max_rel_err for r in rows}
+    assert all(0 < errors[p] <= core.TOLERANCE[torch.bfloat16] for p in ("ours_kv", "ours+scatter", "ours"))
+    assert errors["copy_kv"] != errors["copy_kv"]  # NaN: a copy has nothing to check
+    assert core.check_rows(rows) == []
+    assert result["meta"]["op"] == core.KV_OP and result["meta"]["amortised_calls"] == 2
+    table = core.format_table(result).splitlines()
+    assert [line for line in table if line.startswith(core.KV_OP)] == [
+        f"{core.KV_OP}, one call a timing (a captured graph on CUDA):",
+        f"{core.KV_OP}, amortised: 2 calls a timing (one captured graph on CUDA), per call:"]
+    assert sum(line.startswith("8/1/128 ") for line in table) == 2
+    paths = core.write_outputs(result, tmp_path, text="table")
+    assert [p.name for p in paths] == [f"bench_{core.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
+    assert (tmp_path / f"bench_{core.KV_OP}.txt").read_text() == "table\n"
+    saved = json.loads(paths[1].read_text())
+    assert [row["provider"] for row in saved["rows"]] == list(core.KV_PROVIDERS)
+    assert saved["rows"][0]["us_amortised"] == rows[0].us_amortised
+
+
+@pytest.mark.parametrize("fault", ["stray line", "no write"])
+def test_kv_check_sees_the_whole_cache(monkeypatch, fault):
+    """A scatter that writes one line too many, or none, fails the check of its rows."""
+    real = core.scatter_kv
+
+    def faulty(k, v, key_cache, value_cache, slot_mapping):
+        if fault == "stray line":
+            real(k, v, key_cache, value_cache, slot_mapping)
+            free = sorted(set(range(key_cache.shape[0] * key_cache.shape[1])) - set(slot_mapping.tolist()))[0]
+            value_cache.view(-1, *value_cache.shape[2:])[free] = 0
+
+    monkeypatch.setattr(core, "scatter_kv", faulty)
+    result = core.run(torch.device("cpu"), tokens=(2,), providers=("ours+scatter",), geometries=KV_GEOMETRY, reps=1,
+                      op=core.KV_OP, calls=1)
+    assert [line.split(":")[0] for line in core.check_rows(result["rows"])] == ["Qwen3-32B tp8 T=2 ours+scatter"]
+
+
+def test_kv_bar_verdict_both_modes():
+    def row(tokens, provider, us, us_amortised):
+        return core.KVRow("m", 1, "g", tokens, provider, us, us_amortised, 20, 0.0, 1)
+
+    lines = core.bar_verdict({"meta": {"op": core.KV_OP, "amortised_calls": 20}, "rows": [
+        row(1, "ours_kv", 6.0, 2.4), row(1, "ours", 5.5, 2.0), row(1, "ours+scatter", 8.0, 3.5),
+        row(4096, "ours_kv", 30.0, 29.0), row(4096, "copy_kv", 27.0, 26.0),
+        row(8192, "ours_kv", 40.0, 40.0),  # no copy at this T: not counted
+    ]})
+    assert lines == [
+        "T<=64 graph: ours_kv/ours worst 1.09 (PASS <= 1.15; issue 11)",
+        "T<=64 graph: ours_kv/(ours+scatter) worst 0.75 (PASS <= 0.8; issue 11)",
+        "T>=4096 graph: ours_kv/copy_kv worst 1.11 (PASS <= 1.15; issue 11)",
+        "T<=64 amortised x20: ours_kv/ours worst 1.20 (FAIL <= 1.15; issue 11)",
+        "  over: g T=1 1.20",
+        "T<=64 amortised x20: ours_kv/(ours+scatter) worst 0.69 (PASS <= 0.8; issue 11)",
+        "T>=4096 amortised x20: ours_kv/copy_kv worst 1.12 (PASS <= 1.15; issue 11)",
+    ]
+
+
+def test_cli_kv_bench_writes_text_csv_json(cli, tmp_path):
+    result = cli("bench", "--op", core.KV_OP, "--tokens", "1", "--providers", "ours_kv,copy_kv", "--out", tmp_path,
+                 "--no-progress")
+    assert result.code == 0, result.err
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"bench_{core.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
+    text = (tmp_path / f"bench_{core.KV_OP}.txt").read_text()
+    assert text.rstrip("\n") in result.out and core.CPU_DISCLAIMER in text
+    rows = json.loads((tmp_path / f"bench_{core.KV_OP}.json").read_text())["rows"]
+    assert [row["provider"] for row in rows] == ["ours_kv", "copy_kv"] * len(BENCH_GEOMETRIES)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (("--op", core.KV_OP, "--providers", "eager"), "--providers"),
+    (("--providers", "ours_kv"), "--providers"),
+    (("--op", "split_qkv"), "--op"),
+])
+def test_kv_bad_arguments_are_one_line_errors(cli, no_measuring, argv, fragment):
+    assert_one_line_error(cli("bench", "--tokens", "1", *argv), 2, fragment)
+
+
+def test_op_choices_are_the_library_ops():
+    from vllm_ascend_ext.cli.bench import OP_NAMES
+
+    assert OP_NAMES == tuple(core.OPS) and core.OPS[core.OP] == core.PROVIDERS
+    assert core.default_providers("cpu", core.KV_OP) == core.KV_PROVIDERS == core.default_providers("cuda", core.KV_OP)
+
+
+def test_kv_script_is_the_bench_subcommand_with_its_op(monkeypatch, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_split_qkv_rmsnorm_rope_kv_cache.py"
+    seen = {}
+
+    def fake_run(device, tokens, providers, progress=None, op=None, **kwargs):
+        seen.update(tokens=tokens, providers=providers, op=op)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(core, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", [str(script), "--tokens", "2", "--no-progress", "--out", str(tmp_path)])
+    import runpy
+
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(script), run_name="__main__")
+    assert seen == {"tokens": (2,), "providers": core.KV_PROVIDERS, "op": core.KV_OP}

@@ -1,8 +1,10 @@
 """``vllm-ascend-ext bench``: check and time the fused op on the detected device.
 
 The work is :mod:`vllm_ascend_ext.bench` (the benchmark library: providers ``eager`` /
-``compile`` / ``ours``, the float64 check, the table, CSV/JSON, the PNG, CUDA-graph timing on
-CUDA, small interpreter sizes on CPU). This module picks the device the way ``doctor`` does,
+``compile`` / ``ours``, the float64 check, the table, CSV/JSON/text, the PNG, CUDA-graph timing
+on CUDA, small interpreter sizes on CPU; with ``--op split_qkv_rmsnorm_rope_kv_cache`` the
+KV-cache run, providers ``ours_kv`` / ``ours+scatter`` / ``ours`` / ``copy_kv``, timed one call a
+graph and amortised). This module picks the device the way ``doctor`` does,
 checks the options, the environment and the output folder before anything is measured, calls
 :func:`vllm_ascend_ext.bench.run` with a progress bar as its ``progress`` callback, finishes the
 bar when the run returns, then prints the table and writes the files.
@@ -16,13 +18,17 @@ from pathlib import Path
 from .common import BACKENDS, CliError, Progress, check_settings, output_dir, usable_backend
 from .geometry import parse_int_list
 
-__all__ = ["DEFAULT_OUT", "add_parser", "resolve", "run"]
+__all__ = ["DEFAULT_OUT", "OP_NAMES", "add_parser", "resolve", "run"]
+
+#: ``--op``'s choices (the benchmark library's ``OPS``, spelled here so ``--help`` imports no torch).
+OP_NAMES = ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache")
 
 #: Where the files go without ``--out`` (``results/`` is git-ignored).
 DEFAULT_OUT = Path("results") / "bench"
 
 
-def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def resolve(backend: str, tokens: str | None, providers: str | None,
+            op: str | None = None) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Token counts and providers of the run: the ones given, else the library's defaults.
 
     Parameters
@@ -31,6 +37,8 @@ def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tu
         ``"npu"``, ``"cuda"`` or ``"cpu"``: picks the defaults.
     tokens, providers : str or None
         ``--tokens`` and ``--providers`` as typed (comma-separated).
+    op : str, optional
+        ``--op`` (default the prologue op): whose providers.
 
     Returns
     -------
@@ -44,16 +52,18 @@ def resolve(backend: str, tokens: str | None, providers: str | None) -> tuple[tu
     """
     from .. import bench as core
 
+    op = op or core.OP
+    known = core.OPS[op]
     counts = parse_int_list(tokens, "--tokens") if tokens is not None else (
         core.CPU_TOKENS if backend == "cpu" else core.GPU_TOKENS)
     if providers is not None:
         names = tuple(p.strip() for p in providers.split(",") if p.strip())
-        unknown = [p for p in names if p not in core.PROVIDERS]
+        unknown = [p for p in names if p not in known]
         if unknown or not names:
-            raise CliError(f"--providers takes a comma-separated subset of {', '.join(core.PROVIDERS)}, "
-                           f"got {providers!r}")
+            raise CliError(f"--providers takes a comma-separated subset of {', '.join(known)}"
+                           f"{'' if op == core.OP else ' with --op ' + op}, got {providers!r}")
     else:
-        names = core.default_providers(backend)
+        names = core.default_providers(backend, op)
     return tuple(counts), names
 
 
@@ -69,7 +79,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tokens", help="token counts, comma-separated (default: 1,8,64 on CPU; "
                                          "1 to 16384 on an accelerator)")
     parser.add_argument("--providers", help="comma-separated subset of eager,compile,ours "
-                                            "(default: all on an accelerator, eager,ours on CPU)")
+                                            "(default: all on an accelerator, eager,ours on CPU); with "
+                                            "--op split_qkv_rmsnorm_rope_kv_cache of ours_kv,ours+scatter,ours,"
+                                            "copy_kv (default all)")
+    parser.add_argument("--op", choices=OP_NAMES, default=OP_NAMES[0], metavar="OP",
+                        help="the op to benchmark: split_qkv_rmsnorm_rope (default) or "
+                             "split_qkv_rmsnorm_rope_kv_cache (the prologue writing k and v into a bf16 paged "
+                             "cache; timed one call per captured graph and amortised over 20 in one graph)")
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
@@ -80,7 +96,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Check, then measure, then print and write; exit status 1 when a check against the reference fails."""
     backend = usable_backend(args.backend)
-    tokens, providers = resolve(backend.name, args.tokens, args.providers)
+    tokens, providers = resolve(backend.name, args.tokens, args.providers, args.op)
     from ..backends import ensure_interpreter
 
     ensure_interpreter(backend)
@@ -99,18 +115,18 @@ def run(args) -> int:
     bar = Progress(len(BENCH_GEOMETRIES) * len(tokens) * len(providers), label="bench",
                    enabled=not args.no_progress)
     try:
-        result = core.run(device, tokens, providers, progress=bar.begin)
+        result = core.run(device, tokens, providers, progress=bar.begin, op=args.op)
         bar.finish()
     finally:
         bar.close()
-    print(core.format_table(result))
-    for line in core.bar_verdict(result) if device.type == "cuda" else []:
-        print("bar: " + line)
+    lines = [core.format_table(result)]
+    lines += ["bar: " + line for line in (core.bar_verdict(result) if device.type == "cuda" else [])]
     if device.type == "cpu":
-        print(core.CPU_DISCLAIMER)
-    paths = core.write_outputs(result, out)
-    print("wrote " + ", ".join(str(p) for p in paths))
+        lines.append(core.CPU_DISCLAIMER)
     failures = core.check_rows(result["rows"])
-    for line in failures:
-        print("CHECK FAILED: " + line)
+    lines += ["CHECK FAILED: " + line for line in failures]
+    text = "\n".join(lines)
+    print(text)
+    paths = core.write_outputs(result, out, text=text)  # the text file holds what was printed above
+    print("wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0
