@@ -133,7 +133,9 @@ def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: st
         raise ValueError(f"cache_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     key = _strides("key_cache", key_cache, layout, num_kv_heads, head_dim)
     if layout == "cpu_vec":
-        if value_cache.data_ptr() != key_cache.data_ptr() or value_cache.shape != key_cache.shape:
+        # (The same object first: fake tensors under torch.compile have no data pointer.)
+        if value_cache is not key_cache and (value_cache.data_ptr() != key_cache.data_ptr()
+                                             or value_cache.shape != key_cache.shape):
             raise ValueError("value_cache must be key_cache itself for cache_layout='cpu_vec' (one tensor "
                              "holds both: k's page, then v's)")
         bs = key.block_size

@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from . import validation
-from .tiling import KernelShape, plan_for
+from .tiling import KernelShape, next_pow2, plan_for
 
 __all__ = ["launch", "split_qkv_rmsnorm_rope"]
 
@@ -197,7 +197,7 @@ def _head_block(
     rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
     PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
-    NORM: tl.constexpr, W: tl.constexpr, BIAS: tl.constexpr, ROPE: tl.constexpr,
+    NORM: tl.constexpr, BIAS: tl.constexpr,
     IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -205,8 +205,8 @@ def _head_block(
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
 ):
-    """Normalise and rotate one block of heads of one tensor (q or k), or only normalise (v:
-    ``ROPE`` off, no weight) or only copy (the gate: ``NORM`` and ``ROPE`` off): load, math, store.
+    """Normalise (``NORM``: with the tensor's weight) and rotate one block of heads of q or k:
+    load, math, store. (The gate and v, never rotated, go through :func:`_row_block`.)
 
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
@@ -224,8 +224,8 @@ def _head_block(
 
     Every value is stored through :func:`_store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
     into the paged cache at ``kv_ptr``: token ``t``'s row of the block starts ``kv_rows[t]``
-    elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`_store` says, and tokens off ``kv_tok_ok`` (padding
-    slots) write nothing there.
+    elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`_store` says, and tokens
+    off ``kv_tok_ok`` (padding slots) write nothing there.
     """
     head_ok = head < num_heads
     row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
@@ -257,11 +257,11 @@ def _head_block(
     # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
     # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
     if NORM and TAIL_CHUNKS == 1:
-        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W, BIAS)
+        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS)
         if PASS > 0:
-            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, W, BIAS)
+            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS)
             if TAIL_W2 > 0:
-                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, W, BIAS)
+                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS)
     if NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
         if PASS > 0 and TAIL_CHUNKS == 1:
@@ -274,7 +274,7 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
                              other=0.0).to(tl.float32)
                 sum_sq += tl.sum(pc * pc, axis=2)
-    if ROWS_AFTER_DATA and ROPE:
+    if ROWS_AFTER_DATA:
         # The cos/sin rows only now: their addresses wait on the positions, and by the time
         # the warp stalls on them every load of the head block is in flight.
         cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
@@ -282,17 +282,12 @@ def _head_block(
     if NORM:
         rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
         if TAIL_CHUNKS > 1:
-            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W, BIAS)
+            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS)
         a = _affine(a, rstd, w_a, b_a, BIAS)
         b = _affine(b, rstd, w_b, b_b, BIAS)
 
     ab_kv = kv_row_ok & i_ok[None, None, :]
-    if not ROPE:
-        _store(dst, kv_dst, kv_ptr, ia, a, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
-               OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-        _store(dst, kv_dst, kv_ptr, ib, b, ab_ok, ab_kv, scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
-               OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-    elif IS_NEOX:
+    if IS_NEOX:
         _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
                kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
@@ -322,11 +317,38 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
                              other=0.0).to(tl.float32)
                 if NORM:
-                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, W, BIAS)
+                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS)
                     pc = _affine(pc, rstd, w_c, b_c, BIAS)
                 _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
                        kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
                        OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+
+
+@triton.jit
+def _row_block(
+    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, eps,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NORM: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_lane_stride, kv_chunk_stride, scale_ptr,
+    OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
+    KV_PER_CHANNEL: tl.constexpr,
+):
+    """One block of heads that are not rotated (the gate: copied; v: copied, or normalised without
+    a weight with ``NORM``), each held as one contiguous row of ``HEAD_PAD`` lanes (``D`` padded
+    to a power of two): no rotary halves, no tail pieces, so the copy moves whole rows. Stores as
+    :func:`_head_block` does."""
+    head_ok = head < num_heads
+    d = tl.arange(0, HEAD_PAD)
+    d_ok = (d < HEAD_DIM)[None, None, :]
+    row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
+    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
+    x = tl.load(src + d[None, None, :], mask=row_ok & d_ok, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, axis=2) / HEAD_DIM + eps)[:, :, None]
+    dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+    kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
+    kv_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None] & d_ok
+    _store(dst, kv_dst, kv_ptr, d, x, row_ok & d_ok, kv_ok, scale_ptr, head, head_ok, kv_lane_stride,
+           kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
 @triton.jit
@@ -357,7 +379,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     pos_axis_stride, eps, weight_offset,
     block_size, k_block_stride, k_slot_stride, k_head_stride, k_lane_stride,
     k_offset, v_block_stride, v_slot_stride, v_head_stride, v_lane_stride, v_offset, kv_chunk_stride,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     IS_NEOX: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
@@ -421,8 +443,9 @@ def _split_qkv_rmsnorm_rope_kernel(
             cos = 0.0
             sin = 0.0
         else:
-            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
-                                SEC_H, SEC_W, INTERLEAVED)
+            # (Only q's and k's tiles rotate: the gate's and v's gather nothing.)
+            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok & (head_block < K_END), HALF,
+                                MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
 
         # (The arms name their head vectors apart: compiled Triton requires a name bound in both
         # arms of a run-time branch to have one type, and the blocks may differ in size.)
@@ -431,7 +454,7 @@ def _split_qkv_rmsnorm_rope_kernel(
             _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
                         q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                        PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_NORM, Q_BIAS, True, Q_STRIDE,
+                        PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
                         ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                         q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         elif head_block < K_END:
@@ -442,7 +465,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_NORM, K_BIAS, True, HEAD_DIM,
+                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_BIAS, HEAD_DIM,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                             k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, k_lane_stride, kv_chunk_stride,
                             k_scale_ptr,
@@ -451,25 +474,19 @@ def _split_qkv_rmsnorm_rope_kernel(
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
                 g_head = (head_block - K_END) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-                _head_block(qkv_ptr + HEAD_DIM, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS,
-                            qkv_stride, gate_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i,
-                            i, i + HALF, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
-                            HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, False, False, False, False,
-                            Q_STRIDE, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
+                _row_block(qkv_ptr + HEAD_DIM, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS, qkv_stride,
+                           gate_out_stride, eps, HEAD_DIM, HEAD_PAD, False, Q_STRIDE,
+                           gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         else:
             if V_NORM or KV_CACHE:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
                                               v_slot_stride, v_offset, KV_CACHE)
-                _head_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok,
-                            v_head, NUM_KV_HEADS, qkv_stride, v_out_stride, cos, sin, cache_ptr, rows,
-                            rows_h, rows_w, i, i, i + HALF, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset,
-                            eps, HEAD_DIM, HALF, HALF_PAD, True, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, V_NORM,
-                            False, False, False, HEAD_DIM, ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W,
-                            INTERLEAVED, v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, v_lane_stride,
-                            kv_chunk_stride, v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
+                _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, v_head,
+                           NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
+                           v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, v_lane_stride, kv_chunk_stride,
+                           v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -627,6 +644,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         KV_CHUNK=kv.key_strides.chunk_width if kv else 0, KV_QUANT=kv.quant if kv else 0,
         KV_PER_CHANNEL=bool(kv and kv.per_channel),
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
+        HEAD_PAD=next_pow2(shape.head_dim),
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
         TAIL_W=plan.tail_width(shape), TAIL_W2=plan.tail_width2(shape), TAIL_CHUNKS=plan.tail_chunks(shape),
         IS_NEOX=shape.is_neox, Q_NORM=q_norm, K_NORM=k_norm, Q_BIAS=q_bias, K_BIAS=k_bias,

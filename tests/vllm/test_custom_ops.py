@@ -479,13 +479,7 @@ def test_kv_cache_fake_rejects_what_the_real_op_rejects(name):
     assert all(torch.equal(c, b) for c, b in zip(_caches(args), before, strict=True))
 
 
-@pytest.mark.parametrize("name", [
-    "nhd",
-    pytest.param("cpu_vec", marks=pytest.mark.xfail(
-        strict=True, raises=Exception,
-        reason="ops/kv_cache.py compares the cpu_vec caches by data_ptr(), which a fake tensor under Dynamo "
-               "refuses; passes once it accepts `value_cache is key_cache` first")),
-])
+@pytest.mark.parametrize("name", ["nhd", "cpu_vec"])
 def test_kv_cache_compile_serves_every_token_count_with_one_graph(name):
     """Compiled with dynamic shapes and functionalized (aot_eager), one graph serves 9, 5 and 3
     tokens (no recompile per batch size) and writes the caches the eager op writes."""
