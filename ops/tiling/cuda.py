@@ -40,6 +40,11 @@ CHUNK_TAIL_MIN_LANES = 128
 #: per SM (v4, ncu), and 8 beat 16 by 0.5-4.5% at T >= 4096 on every 128-dim geometry (v5 sweep);
 #: 4, 6 and 12 were slower.
 PROGRAMS_PER_SM = 8
+#: ... and with the KV-cache write, whose kernel holds about 190 registers a thread (168 without,
+#: CPU ptxas, 32/8/128): 16 on 32/8/128 at T = 4096 / 16384 37.0 -> 34.5 / 127.2 -> 114.5 us,
+#: 32/8/128 mRoPE 44.5 -> 39.6 / 154.4 -> 132.5, 8/1/128 13.2 -> 13.7 / 33.5 -> 34.0 (issue-11
+#: probe, perf-notes v7).
+KV_PROGRAMS_PER_SM = 16
 
 #: Gather the cos/sin rows after the q/k loads are issued (ROWS_AFTER_DATA), so the positions ->
 #: rows chain overlaps the data loads instead of preceding them: 2-7% faster at T >= 4096 on
@@ -53,6 +58,12 @@ LATE_ROWS = True
 #: faster wherever the large plan had at most 144 tiles on the 132 SMs (1.09 per SM), and
 #: slower wherever it had 192 or more (1.45 per SM), on 7 geometries at T = 64, 256, 1024.
 SMALL_BATCH_TILES_PER_SM = 1.25
+#: ... and 2.5 where the large plan chunks the tail or the positions are mRoPE's ([3, T]), whose
+#: small-batch plans hold the tail as two pieces / take 2 tokens a tile: at T = 256 (2.4 large
+#: tiles per SM) the small plan ran 16/2/256 R64 gated 9.54 us against the large plan's 10.21,
+#: 32/8/128 mRoPE 7.55 against 8.38; at T = 384 (3.6 per SM) the large plan won the gated layer
+#: (11.20 against 11.55) (issue-10 hand-over sweep, perf-notes v7).
+SMALL_BATCH_TILES_PER_SM_CHUNKED_OR_MROPE = 2.5
 #: Padded head elements per small-batch q tile: 512 and 1024 were within 2% of each other
 #: at T <= 256, 2048 slower on 2 of 4 geometries (v5 sweep).
 SMALL_TILE_ELEMENTS = 1024
@@ -116,7 +127,7 @@ class CudaPlan(PlanBase):
 
 @functools.lru_cache(maxsize=None)
 def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEMENTS,
-         elements_per_thread: int = ELEMENTS_PER_THREAD, programs_per_sm: int = PROGRAMS_PER_SM,
+         elements_per_thread: int = ELEMENTS_PER_THREAD, programs_per_sm: int | None = None,
          max_block_heads: int = MAX_BLOCK_HEADS,
          chunk_tail_min_lanes: int = CHUNK_TAIL_MIN_LANES) -> CudaPlan:
     """The CUDA plan for one layer geometry on one GPU (pure: same inputs, same plan).
@@ -126,8 +137,11 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     ``tile_elements``; warps give each thread ``elements_per_thread`` of the widest sub-tile
     (a rotary half, or the tail or tail chunk when it is wider). A tail of
     ``chunk_tail_min_lanes`` or more goes in chunks of a rotary half's width. The keyword
-    arguments exist for the sweep; the defaults are the plan.
+    arguments exist for the sweep; the defaults are the plan (``programs_per_sm``:
+    ``PROGRAMS_PER_SM``, ``KV_PROGRAMS_PER_SM`` with the KV-cache write).
     """
+    if programs_per_sm is None:
+        programs_per_sm = KV_PROGRAMS_PER_SM if shape.kv_cache else PROGRAMS_PER_SM
     q_heads, k_heads = _block_heads(shape, max_block_heads)
     tail, chunked = 0, False
     if shape.pass_dim:
@@ -180,5 +194,7 @@ def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> Cu
 def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
     """The most tokens :func:`plan_for_tokens` gives the small-batch plan."""
     large = plan(shape, facts)
-    token_blocks = int(SMALL_BATCH_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape)
+    per_sm = (SMALL_BATCH_TILES_PER_SM_CHUNKED_OR_MROPE if large.tail_lanes or shape.mrope
+              else SMALL_BATCH_TILES_PER_SM)
+    token_blocks = int(per_sm * facts.num_sms) // large.head_blocks(shape)
     return token_blocks * large.block_tokens

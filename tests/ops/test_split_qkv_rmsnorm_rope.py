@@ -622,13 +622,20 @@ def test_no_recompile_per_batch_size(device, geometry):
     assert _compiled_variants() == compiled
 
 
-def test_small_batches_get_the_small_batch_plan():
+@pytest.mark.parametrize("geometry, per_sm", [
+    (SMALL, cuda.SMALL_BATCH_TILES_PER_SM),
+    # A chunked tail (192 lanes) and mRoPE hand over later.
+    (AttentionGeometry(16, 2, 256, 64), cuda.SMALL_BATCH_TILES_PER_SM_CHUNKED_OR_MROPE),
+    (AttentionGeometry(32, 8, 128, 128, mrope_section=(24, 20, 20), mrope_interleaved=True),
+     cuda.SMALL_BATCH_TILES_PER_SM_CHUNKED_OR_MROPE),
+], ids=lambda x: x.label if hasattr(x, "label") else str(x))
+def test_small_batches_get_the_small_batch_plan(geometry, per_sm):
     """The CUDA planner switches plans by tile count, not by anything compiled per batch size."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
-    shape = KernelShape.of(SMALL, 2, 4)
+    shape = KernelShape.of(geometry, 2, 4)
     large, small = cuda.plan(shape, facts), cuda.small_batch_plan(shape, facts)
     assert cuda.plan_for_tokens(shape, facts, 1) == small
-    limit = cuda.SMALL_BATCH_TILES_PER_SM * facts.num_sms
+    limit = per_sm * facts.num_sms
     tokens = [t for t in range(1, 100_000, 7) if large.num_tiles(shape, t) > limit]
     assert cuda.plan_for_tokens(shape, facts, tokens[0]) == large
     assert cuda.plan_for_tokens(shape, facts, tokens[0] - 7) == small
