@@ -7,6 +7,9 @@ import sys
 
 from . import settings
 
+#: Triton's spelling of the dtypes the checks compile for (``_signature``'s arguments).
+TRITON_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "int8": "i8", "fp8_e4m3": "fp8e4nv"}
+
 _KERNEL_MODULE = "vllm_ascend_ext.ops.split_qkv_rmsnorm_rope"
 
 
@@ -25,6 +28,24 @@ def refuse_interpreted_kernel() -> bool:
     return False
 
 
+def in_argument_order(kernel, signature: dict) -> dict:
+    """``signature`` (argument name -> type, as ``_signature`` gives it) reordered as ``kernel``
+    declares its arguments.
+
+    triton-ascend 3.2's ``ASTSource`` types the kernel's arguments by the *position* of each entry
+    of the signature, not by its name, and both checks address arguments by position (upstream
+    Triton's divisibility hints, the lowered function's ``%argN``): a signature listing the
+    KV-cache arguments first typed ``qkv_ptr`` as the key cache's pointer and made every lowering
+    fail. Names the kernel does not declare, and run-time arguments left out, raise ``KeyError``.
+    """
+    unknown = set(signature) - set(kernel.arg_names)
+    missing = [p.name for p in kernel.params if not p.is_constexpr and p.name not in signature]
+    if unknown or missing:
+        raise KeyError(f"{kernel.__name__}'s signature has unknown arguments {sorted(unknown)} and lacks "
+                       f"run-time ones {missing}")
+    return {name: signature[name] for name in kernel.arg_names if name in signature}
+
+
 def first_error(exc: Exception) -> str:
     """The first line that says something: a crashed tool's own message, else the exception's."""
     stderr = getattr(exc, "stderr", None)
@@ -33,3 +54,58 @@ def first_error(exc: Exception) -> str:
             if line.strip() and not line.lstrip().startswith("#") and "Stack dump" not in line:
                 return line.strip()
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def kv_cache_call(geometry, dtype: str, cos_sin_dtype: str, *, layout: str, cache_dtype: str,
+                  per_channel: bool = False, return_kv: bool = False, q_norm: bool, k_norm: bool,
+                  bias: bool = False):
+    """The :class:`~.validation.Call` of one ``split_qkv_rmsnorm_rope_kv_cache`` call on
+    ``geometry`` (an ``ops.models.AttentionGeometry``), validated by the op's own validator on
+    tensors of the ``meta`` device (shapes and strides only): its ``shape`` (``kv_cache`` set)
+    and its ``kv_cache`` (:class:`~.validation.KVCacheWrite`: layout strides, quantisation,
+    ``return_kv``) are what a real launch compiles with.
+
+    ``dtype`` is qkv's (and the weights'), ``cos_sin_dtype`` the cos/sin cache's, ``cache_dtype``
+    the KV cache's (keys of :data:`TRITON_DTYPES`); an int8 or fp8 cache gets fp32 scales, one
+    per channel with ``per_channel``. Each cache is one half of a ``[2, ...]`` tensor of 4 blocks
+    of 16 slots, as vLLM allocates them (the strides are run-time arguments: only the layout's
+    chunk width is compiled in).
+    """
+    import torch
+
+    from . import kv_cache, validation
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                   "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
+
+    def meta(shape, dt):
+        return torch.empty(shape, dtype=torch_dtype[dt] if isinstance(dt, str) else dt, device="meta")
+
+    hq, hkv, d = geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim
+    blocks, block_size = 4, 16
+    if layout == "nz":
+        c0 = kv_cache.NZ_COLUMN_BYTES // torch.empty((), dtype=torch_dtype[cache_dtype]).element_size()
+        per_cache = (blocks, hkv * d // c0, block_size, c0)
+    elif layout == "hnd":
+        per_cache = (blocks, hkv, block_size, d)
+    else:
+        per_cache = (blocks, block_size, hkv, d)
+    caches = meta((2,) + per_cache, cache_dtype)
+    scale = None
+    if cache_dtype in ("int8", "fp8_e4m3"):
+        scale = meta((hkv * d,) if per_channel else (1,), torch.float32)
+
+    def weight(on: bool):
+        return meta((d,), dtype) if on else None
+
+    tokens = 1
+    positions = meta((3, tokens) if geometry.mrope_section is not None else (tokens,), torch.int64)
+    return validation.split_qkv_rmsnorm_rope_kv_cache(
+        meta((tokens, geometry.qkv_width), dtype), weight(q_norm), weight(k_norm),
+        meta((4096, geometry.rotary_dim), cos_sin_dtype), positions, caches[0], caches[1],
+        meta((tokens,), torch.int64), hq, hkv, d, geometry.eps, cache_layout=layout, k_scale=scale,
+        v_scale=scale, return_kv=return_kv, is_neox=geometry.is_neox, q_bias=weight(bias and q_norm),
+        k_bias=weight(bias and k_norm), weight_offset=geometry.weight_offset,
+        mrope_section=geometry.mrope_section, mrope_interleaved=geometry.mrope_interleaved,
+        q_gate=geometry.q_gate, v_norm=geometry.v_norm)
+

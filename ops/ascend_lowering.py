@@ -2,21 +2,33 @@
 
 Run in a virtual environment with ``triton-ascend==3.2.0`` (it installs the package ``triton``)::
 
-    python -m vllm_ascend_ext.ops.ascend_lowering [--soc Ascend910B3] [--verbose]
+    python -m vllm_ascend_ext.ops.ascend_lowering [--soc Ascend910B3] [--verbose] [--kv-only]
 
 For each model of ``ops/models.py`` at each TP size it runs at (and feature variants on a few of
-them), this builds the Ascend launch plan, runs triton-ascend's ``ttir`` and ``ttadapter`` (ttir
--> linalg) stages for ``GPUTarget("npu", <soc>, 0)`` (the final bishengir stage needs CANN and is
-not run), then:
+them), and for the KV-cache write (``split_qkv_rmsnorm_rope_kv_cache``: ND and NZ layouts, the
+activation dtype and int8 per tensor and per channel, with and without k and v out; on the plain
+Qwen3 rows and one row of each feature family, :data:`KV_TABLE_MODELS`, :data:`KV_FAMILIES`,
+configured by the op's own validator on ``meta`` tensors), this builds the Ascend launch plan,
+runs triton-ascend's ``ttir`` and ``ttadapter`` (ttir -> linalg) stages for
+``GPUTarget("npu", <soc>, 0)`` (the final bishengir stage needs CANN and is not run), then:
 
 * sums the explicit local buffers of the linalg output (``memref.alloc``: the copies from
   global memory into the UB) and checks them against the UB model's ``gm`` buffers
-  (``ops/tiling/ascend.py``): the model must cover what the lowering allocates;
+  (``ops/tiling/ascend.py``): the model must cover what the lowering allocates, and the buffers
+  it models exactly (all but those modelled at their widest: weights, per-channel scales) must
+  be allocated, or the model is out of date;
 * checks the whole model, and the lowering's allocation with its second buffers, against
   the UB capacity;
-* checks that the outputs (q, k, the gate, v) are never read (a masked store the lowering
-  cannot bound becomes a read-modify-write of the whole block, which races with the neighbouring
-  rows).
+* checks that the outputs (q, k, the gate, v) and the caches are never read (a masked store the
+  lowering cannot bound becomes a read-modify-write of the whole block, which races with the
+  neighbouring rows) and that no output is stored element by element;
+* counts the KV-cache stores the lowering makes element by element (column ``elem st``):
+  reported, not failed, as ``docs/ascend-ub-model.md`` explains (every cache write does so with
+  triton-ascend 3.2 today: its padding-slot mask depends on loaded data, and NZ's lane offsets
+  are not a strided block).
+
+fp8 caches are not lowered: triton-ascend 3.2 refuses every fp8 type for Ascend910B/A3
+(``unexpected type fp8``), so the fp8 cache write is CUDA's only.
 
 Rows of the table that compile to the same kernel (same per-rank geometry, variant and plan;
 ``eps`` and ``weight_offset`` are run-time arguments) are lowered once and reported on each row.
@@ -27,6 +39,7 @@ any lowering error or violated check.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import os
 import re
@@ -35,7 +48,7 @@ import sys
 import traceback
 from dataclasses import dataclass, replace
 
-from ._check_common import first_error, refuse_interpreted_kernel
+from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
 from . import settings
 from .device import ascend_facts
 from .models import geometry_table, model
@@ -45,13 +58,48 @@ _ALLOC = re.compile(r"(%[\w.]+) = memref\.alloc\(\)[^:]*: memref<([^>]*)>")
 _CAST = re.compile(r"(%[\w.]+) = memref\.reinterpret_cast (%arg\d+) ")
 _VIEW = re.compile(r"(%[\w.]+) = memref\.subview (%[\w.]+)\[")
 _COPY = re.compile(r"memref\.copy (%[\w.]+), (%[\w.]+) ")
+#: A store of one element (``tensor<1x..>``): what an access the lowering cannot express as a
+#: block becomes, inside loops over the tile's elements.
+_ELEMENT_STORE = re.compile(r"materialize_in_destination %[\w.]+ in writable (%[\w.]+) : \(tensor<1x")
 _BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "bf16": 2, "f16": 2, "f32": 4}
+_OUTPUTS = ("q_out_ptr", "k_out_ptr", "gate_out_ptr", "v_out_ptr")
+_CACHES = ("k_cache_ptr", "v_cache_ptr")
+
+
+@dataclass(frozen=True)
+class KVWrite:
+    """How a KV-cache variant writes the cache: ``layout`` ``"nhd"`` (vllm-ascend's ND) or ``"nz"``
+    (its fractal NZ: 32-byte columns, ``KV_CHUNK`` 8, 16, 32 lanes for fp32, bf16/fp16, int8), in the
+    activation dtype or ``int8`` (per tensor, or ``per_channel``), returning k and v too with
+    ``return_kv``."""
+
+    layout: str
+    int8: bool = False
+    per_channel: bool = False
+    return_kv: bool = False
+
+    @property
+    def name(self) -> str:
+        cache = ("int8/ch" if self.per_channel else "int8") if self.int8 else "dtype"
+        return f"kv {self.layout} {cache}{' +kv' if self.return_kv else ''}"
+
+
+#: Every combination: two layouts x (the activation dtype, int8 per tensor, int8 per channel) x
+#: return_kv (12 kernels per geometry).
+KV_ALL = tuple(KVWrite(layout, int8, per_channel, return_kv) for layout in ("nhd", "nz")
+               for int8, per_channel in ((False, False), (True, False), (True, True))
+               for return_kv in (False, True))
+#: Four that between them take each layout, each cache form and both return_kv settings, the
+#: per-channel form (the UB model's widest) on NZ.
+KV_COVER = (KVWrite("nhd"), KVWrite("nz", return_kv=True), KVWrite("nhd", int8=True, return_kv=True),
+            KVWrite("nz", int8=True, per_channel=True))
 
 
 @dataclass(frozen=True)
 class Variant:
     """A feature combination lowered on top of a table row's geometry at TP 1 (whose own
-    features it keeps; the table's rows lower as bf16 with an fp32 cache)."""
+    features it keeps; the table's rows lower as bf16 with an fp32 cache), with ``kv`` as the
+    KV-cache write op (``split_qkv_rmsnorm_rope_kv_cache``) in the form ``kv`` says."""
 
     name: str
     dtype: str = "bf16"
@@ -60,6 +108,7 @@ class Variant:
     bias: bool = False
     is_neox: bool | None = None  # None: as the model has it
     base: str = "Qwen3-8B"
+    kv: KVWrite | None = None
 
 
 VARIANTS = (
@@ -78,6 +127,27 @@ VARIANTS = (
     Variant("no q norm", q_norm=False, base="Gemma-4-E2B:full-kv-shared"),  # q-only, rotation alone
 )
 
+#: The KV-cache write (issue 11) on the plain Qwen3 rows of the table, at every TP size each
+#: runs at, in the :data:`KV_COVER` forms (Qwen3-8B at TP 1 in all of :data:`KV_ALL`).
+KV_TABLE_MODELS = ("Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
+#: ... and at TP 1 on one row of each feature family the prologue's check covers, in the
+#: :data:`KV_COVER` forms. A q-only layer has no k or v to write (the op refuses it).
+KV_FAMILIES = (
+    Variant("", base="Qwen3-Next-80B-A3B"),  # gate, partial rotary, w+1, D = 256
+    Variant("", base="Qwen3.5-397B-A17B"),  # gate + interleaved mRoPE
+    Variant("", base="Qwen3-VL-8B"),  # interleaved mRoPE
+    Variant("gptj", is_neox=False, base="Qwen2.5-VL-7B"),  # contiguous mRoPE, GPT-J pairs, no norm
+    Variant("", base="GLM-4-9B"),  # GPT-J, partial rotary, no norm
+    Variant("", base="Gemma-4-31B:full"),  # v-norm written to the cache too, D = 512
+    Variant("", base="MiMo-V2-Flash-qk"),  # D = 192, a 128-lane tail
+    Variant("", base="Phi-3-mini"),  # D = 96: rotary halves of 48 padded to 64
+    Variant("", base="Llama-3.1-8B"),  # no norm
+    Variant("fp16", dtype="fp16"),
+    Variant("fp32", dtype="fp32"),  # fp32 cache; NZ columns of 8 lanes
+    Variant("bias", bias=True),
+    Variant("k-only norm", q_norm=False),
+)
+
 
 def _alloc_bytes(shape_text: str) -> int:
     *dims, dtype = shape_text.split("x")
@@ -87,24 +157,44 @@ def _alloc_bytes(shape_text: str) -> int:
     return count * _BYTES[dtype]
 
 
-def _reads_of_outputs(linalg: str, output_args: set[str]) -> int:
-    """How many ``memref.copy`` ops read from an output argument (should be none).
+def _accesses(linalg: str, args: dict[str, str]) -> collections.Counter:
+    """``(kind, name)`` -> how many: ``"read"``, a ``memref.copy`` from the argument ``name``, and
+    ``"element store"``, a store of one element into it (a loop body storing the tile element
+    by element), for the arguments ``args`` (``%argN`` -> name).
 
     Views are followed back to the argument they were cast from as they are defined, line by
     line: MLIR reuses a value's name in sibling regions (the arms of the head-block branch), so
     a name means the definition most recently printed above its use.
     """
     root: dict[str, str] = {}
-    count = 0
+    counts: collections.Counter = collections.Counter()
     for line in linalg.splitlines():
         defined = _CAST.search(line) or _VIEW.search(line)
         if defined:
             root[defined.group(1)] = root.get(defined.group(2), defined.group(2))
             continue
         copied = _COPY.search(line)
-        if copied:
-            count += root.get(copied.group(1), copied.group(1)) in output_args
-    return count
+        stored = _ELEMENT_STORE.search(line)
+        for kind, match in (("read", copied), ("element store", stored)):
+            if match and root.get(match.group(1), match.group(1)) in args:
+                counts[kind, args[root.get(match.group(1), match.group(1))]] += 1
+    return counts
+
+
+_FUNC_ARG = re.compile(r"%arg(\d+): (memref<\?x(\w+)>|\w+)")
+_IR_TYPES = {"bf16": "bf16", "fp16": "f16", "fp32": "f32", "i8": "i8", "i32": "i32", "i64": "i64"}
+
+
+def _check_arguments(linalg: str, runtime: list[str], signature: dict) -> None:
+    """Raise ``ValueError`` unless the lowered function's arguments after its two leading ones
+    are ``runtime`` in order, each of its ``signature`` type (the checks of outputs and caches
+    find them by position)."""
+    header = next(line for line in linalg.splitlines() if "func.func" in line)
+    declared = {int(n): (elem or whole) for n, whole, elem in _FUNC_ARG.findall(header)}
+    for i, name in enumerate(runtime):
+        want = _IR_TYPES[signature[name].lstrip("*")]
+        if declared.get(i + 2) != want:
+            raise ValueError(f"lowered argument %arg{i + 2} is {declared.get(i + 2)}, expected {name} ({want})")
 
 
 def _lower(fn, signature: dict, constants: dict, soc: str) -> str:
@@ -120,7 +210,7 @@ def _lower(fn, signature: dict, constants: dict, soc: str) -> str:
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
-    signature = dict(signature) | {name: "constexpr" for name in constants}
+    signature = in_argument_order(fn, dict(signature) | {name: "constexpr" for name in constants})
     source = ASTSource(fn, signature, constants=constants)
     module = source.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(), context)
     metadata = dataclasses.asdict(options) | {"hash": source.hash()}
@@ -131,17 +221,32 @@ _ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def _kernel(geometry, variant: Variant, facts):
-    """The shape, plan, signature and constexprs one geometry and variant compile with."""
+    """The shape, plan, signature and constexprs one geometry and variant compile with (a KV
+    variant's as the op's validator makes them: :func:`~._check_common.kv_cache_call`)."""
     from .split_qkv_rmsnorm_rope import _constexprs, _signature
+    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
-    shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
-    plan = ascend.plan(shape, facts)
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
-    constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
-                            q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm,
-                            mrope_section=geometry.mrope_section, mrope_interleaved=geometry.mrope_interleaved)
-    return shape, plan, _signature(variant.dtype, variant.cache_dtype), constants
+    kv = variant.kv
+    if kv is None:
+        shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
+        plan = ascend.plan(shape, facts)
+        constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
+                                q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm,
+                                mrope_section=geometry.mrope_section,
+                                mrope_interleaved=geometry.mrope_interleaved)
+        return shape, plan, in_argument_order(kernel, _signature(variant.dtype, variant.cache_dtype)), constants
+    cache_dtype = "int8" if kv.int8 else variant.dtype
+    call = kv_cache_call(geometry, variant.dtype, variant.cache_dtype, layout=kv.layout, cache_dtype=cache_dtype,
+                         per_channel=kv.per_channel, return_kv=kv.return_kv, q_norm=q_norm, k_norm=k_norm,
+                         bias=variant.bias)
+    plan = ascend.plan(call.shape, facts)
+    constants = _constexprs(call.shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+                            k_bias=call.k_bias, mrope_section=call.mrope_section,
+                            mrope_interleaved=call.mrope_interleaved, kv_cache=call.kv_cache)
+    signature = _signature(variant.dtype, variant.cache_dtype, TRITON_DTYPES[cache_dtype])
+    return call.shape, plan, in_argument_order(kernel, signature), constants
 
 
 def _job_key(geometry, variant: Variant | None, facts) -> tuple:
@@ -159,27 +264,62 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
     variant = variant or Variant("")
     shape, plan, signature, constants = _kernel(geometry, variant, facts)
     linalg = _lower(kernel, signature, constants, facts.soc)
-    # The lowered function takes two leading runtime arguments, then the kernel's in order.
-    names = list(signature)
-    outputs = {f"%arg{names.index(n) + 2}" for n in ("q_out_ptr", "k_out_ptr", "gate_out_ptr", "v_out_ptr")}
+    # The lowered function takes two leading runtime arguments, then the kernel's in order (the
+    # constants dropped); checked against the types it declares.
+    runtime = [name for name in signature if name not in constants]
+    _check_arguments(linalg, runtime, signature)
+    args = {f"%arg{i + 2}": name for i, name in enumerate(runtime) if name in _OUTPUTS + _CACHES}
+    accesses = _accesses(linalg, args)
     allocs = [_alloc_bytes(shape_text) for _, shape_text in _ALLOC.findall(linalg)]
     ir_bytes = sum(allocs)
     row = {
         "plan": plan, "ir_allocs": len(allocs), "ir_bytes": ir_bytes,
         "model_gm": plan.ub_bytes_from("gm"), "model": plan.ub_bytes,
-        "capacity": plan.ub_capacity, "output_reads": _reads_of_outputs(linalg, outputs),
+        "model_exact": sum(b.nbytes for b in plan.ub_buffers if b.source == "gm" and not b.worst_case),
+        "capacity": plan.ub_capacity,
+        "output_reads": sum(accesses["read", name] for name in _OUTPUTS + _CACHES),
+        "output_element_stores": sum(accesses["element store", name] for name in _OUTPUTS),
+        "cache_element_stores": (sum(accesses["element store", name] for name in _CACHES)
+                                 if shape.kv_cache else None),
     }
     problems = []
     if ir_bytes > row["model_gm"]:
         problems.append(f"lowering allocates {ir_bytes} B of copies, model's gm buffers {row['model_gm']} B")
+    if ir_bytes < row["model_exact"]:
+        problems.append(f"lowering allocates {ir_bytes} B of copies, less than the {row['model_exact']} B of "
+                        "gm buffers the model lists as exact: the model is out of date")
     if plan.ub_bytes > plan.ub_capacity:
         problems.append(f"model {plan.ub_bytes} B over capacity {plan.ub_capacity} B")
     if ir_bytes * ascend.MULTIBUFFER > plan.ub_capacity:
         problems.append(f"lowering x{ascend.MULTIBUFFER} buffers over capacity")
     if row["output_reads"]:
-        problems.append(f"{row['output_reads']} read(s) of an output (read-modify-write store)")
+        problems.append(f"{row['output_reads']} read(s) of an output or cache (read-modify-write store)")
+    if row["output_element_stores"]:
+        problems.append(f"{row['output_element_stores']} output store(s) lowered element by element")
     row["problems"] = problems
     return row
+
+
+def plan_jobs(kv_only: bool = False) -> list[tuple[str, object, Variant | None]]:
+    """``(label, geometry, variant)`` of every plan the check lowers: the table's rows and
+    :data:`VARIANTS`, then the KV-cache write's (:data:`KV_TABLE_MODELS`, :data:`KV_FAMILIES`);
+    ``kv_only``: the latter alone."""
+    def at_tp1(v: Variant):
+        geometry = model(v.base).shard(1)
+        return geometry if v.is_neox is None else replace(geometry, is_neox=v.is_neox)
+
+    jobs: list = []
+    if not kv_only:
+        jobs += [(f"{name} tp{tp}", geometry, None) for name, tp, geometry in geometry_table()]
+        jobs += [(f"{v.base} tp1 [{v.name}]", at_tp1(v), v) for v in VARIANTS]
+    for name, tp, geometry in geometry_table():
+        if name in KV_TABLE_MODELS:
+            forms = KV_ALL if (name, tp) == (KV_TABLE_MODELS[0], 1) else KV_COVER
+            jobs += [(f"{name} tp{tp} [{kv.name}]", geometry, Variant(kv.name, kv=kv)) for kv in forms]
+    for v in KV_FAMILIES:
+        jobs += [(f"{v.base} tp1 [{', '.join(filter(None, (v.name, kv.name)))}]", at_tp1(v), replace(v, kv=kv))
+                 for kv in KV_COVER]
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--soc", help=f"Ascend SoC to target (default: ${settings.SOC} or Ascend910B3)")
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    parser.add_argument("--kv-only", action="store_true",
+                        help="lower the KV-cache write's plans only (split_qkv_rmsnorm_rope_kv_cache)")
     args = parser.parse_args(argv)
     if args.soc:
         os.environ[settings.SOC] = args.soc
@@ -203,23 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         print("triton-ascend is not installed in this environment (pip install triton-ascend==3.2.0 "
               "pybind11 in a venv of its own)", file=sys.stderr)
         return 2
-    jobs = [(f"{name} tp{tp}", geometry, None) for name, tp, geometry in geometry_table()]
-    for v in VARIANTS:
-        geometry = model(v.base).shard(1)
-        if v.is_neox is not None:
-            geometry = replace(geometry, is_neox=v.is_neox)
-        jobs.append((f"{v.base} tp1 [{v.name}]", geometry, v))
+    jobs = plan_jobs(kv_only=args.kv_only)
     print(f"target {facts.soc}: {facts.num_vector_cores} vector cores, UB {facts.ub_bytes} B ({facts.source})")
-    print(f"{'plan':48} {'geometry':40} {'BT':>3} {'BH':>3} {'IR allocs':>10} {'model gm':>9} "
-          f"{'model':>7} {'cap':>7}  status")
-    ok = retried = 0
+    print(f"{'plan':58} {'geometry':40} {'BT':>3} {'BH':>3} {'IR allocs':>10} {'model gm':>9} "
+          f"{'model':>7} {'cap':>7} {'elem st':>7}  status")
+    ok = retried = kv_rows = kv_elementwise = 0
     lowered: dict = {}  # job key -> (row or None, label of the row lowered first)
     for label, geometry, variant in jobs:
         key = _job_key(geometry, variant, facts)
         if key in lowered:
             row, first = lowered[key]
             if row is None:
-                print(f"{label:48} {geometry.label:40} lowering failed: as {first}")
+                print(f"{label:58} {geometry.label:40} lowering failed: as {first}")
                 continue
             same = f" (= {first})"
         else:
@@ -237,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = lower_plan(geometry, variant, facts)
             except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
                 lowered[key] = (None, label)
-                print(f"{label:48} {geometry.label:40} lowering failed: {type(exc).__name__}: "
+                print(f"{label:58} {geometry.label:40} lowering failed: {type(exc).__name__}: "
                       f"{first_error(exc)}")
                 if args.verbose:
                     traceback.print_exc()
@@ -247,9 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         plan = row["plan"]
         status = ("ok" if not row["problems"] else "FAIL: " + "; ".join(row["problems"])) + same
         ok += not row["problems"]
-        print(f"{label:48} {geometry.label:40} {plan.block_tokens:3d} {plan.block_heads:3d} "
-              f"{row['ir_bytes']:10d} {row['model_gm']:9d} {row['model']:7d} {row['capacity']:7d}  {status}")
+        elementwise = row["cache_element_stores"]
+        kv_rows += elementwise is not None
+        kv_elementwise += bool(elementwise)
+        print(f"{label:58} {geometry.label:40} {plan.block_tokens:3d} {plan.block_heads:3d} "
+              f"{row['ir_bytes']:10d} {row['model_gm']:9d} {row['model']:7d} {row['capacity']:7d} "
+              f"{'-' if elementwise is None else elementwise:>7}  {status}")
     note = f", {retried} lowered again after a crash of triton-adapter-opt" if retried else ""
+    print("elem st: KV-cache stores the lowering makes element by element (one-element stores in loops "
+          "over the tile); docs/ascend-ub-model.md says why")
+    if kv_rows:
+        print(f"{kv_elementwise}/{kv_rows} KV-cache plans store the cache element by element")
     print(f"lowered {ok}/{len(jobs)} kernel plans for {facts.soc} ({len(lowered)} distinct kernels; ttir -> "
           f"linalg; the bishengir stage needs CANN and was not run{note})")
     return 0 if ok == len(jobs) else 1

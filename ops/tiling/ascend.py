@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import KernelShape, PlanBase, next_pow2
 from ..device import AscendFacts
 
-__all__ = ["AscendPlan", "UbBuffer", "branch_arms", "plan", "rope_axes", "ub_budget", "ub_buffers"]
+__all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "plan", "rope_axes", "ub_budget", "ub_buffers"]
 
 #: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
 #: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
@@ -35,7 +35,16 @@ MAX_BLOCK_TOKENS = 64
 MIN_BLOCK_TOKENS = 2
 FP32 = 4
 POSITION_BYTES = 8
+#: Slots are int64 in the kernel (int32 ``slot_mapping`` is widened as it is loaded).
+SLOT_BYTES = 8
 MASK_BYTES = 1
+#: The KV-cache write is modelled at its widest form, whatever cache dtype a call has (the plan,
+#: cached per :class:`KernelShape`, knows only ``kv_cache``): an int8 cache quantised per channel
+#: (the fp32 quotient, the broadcast scales, the int8 tile multibuffered: 4 + 4 + 2 x 1 bytes per
+#: element), which bounds a bf16/fp16 cache (its cast tile, 2 x 2 bytes) and an fp32 one (the
+#: fp32 result double-buffered, 2 x 4 bytes). fp8 caches are CUDA-only: triton-ascend 3.2 has no
+#: fp8 type.
+KV_QUANT_BYTES = 1
 
 
 def branch_arms(shape: KernelShape) -> tuple[str, ...]:
@@ -79,6 +88,9 @@ class UbBuffer:
     name: str
     nbytes: int
     source: str
+    #: Modelled at the widest form it comes in (the weights at fp32, the scales per channel), not
+    #: at what a given variant allocates: the lowering check allows the lowering less of these.
+    worst_case: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,16 +110,28 @@ class AscendPlan(PlanBase):
         return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
 
 
+def arm_width(shape: KernelShape, arm: str) -> int:
+    """Lanes a head occupies in an arm's tile: q and k hold two rotary halves and the tail, each
+    padded to a power of two (``shape.padded_head_dim``); the gate and v arms, which do not
+    rotate, hold whole rows of ``D`` padded to a power of two (the kernel's ``_row_block``)."""
+    return shape.padded_head_dim if arm in ("q", "k") else next_pow2(shape.head_dim)
+
+
 def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple[UbBuffer, ...]:
     """The UB a tile of ``block_tokens`` x ``block_heads`` keeps live, buffer by buffer.
 
-    A head occupies ``shape.padded_head_dim`` elements (two rotary halves and the tail, each
-    padded to a power of two). ``docs/ascend-ub-model.md`` gives the reason for every line.
+    A head occupies :func:`arm_width` lanes in the arm that holds it; the values computed in the
+    UB are sized for the widest arm (one arm runs at a time). With ``shape.kv_cache`` the v
+    arm's tile, the slots, the per-channel scales and the cache store's buffers are added, at
+    the widest cache form (:data:`KV_QUANT_BYTES`). ``docs/ascend-ub-model.md`` gives the reason
+    for every line.
     """
     rows = block_tokens * block_heads
     head = shape.padded_head_dim
     rot = 2 * shape.half_pad
     arms = branch_arms(shape)
+    widths = {arm: arm_width(shape, arm) for arm in arms}
+    widest = max(widths.values())
     axes = rope_axes(shape)
     normed = 2 if shape.num_kv_heads else 1  # q and k carry a weight and a bias, v and the gate none
     axis_names = " (t, h, w axes)" if shape.mrope else ""
@@ -115,25 +139,47 @@ def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple
     # the rotary lanes, split in registers: either way the row is read once per arm.
     gm = (
         UbBuffer(f"qkv tile ({' + '.join(arms)} arm{'s' if len(arms) > 1 else ''})",
-                 len(arms) * rows * head * shape.elem_bytes, "gm"),
+                 sum(widths.values()) * rows * shape.elem_bytes, "gm"),
         UbBuffer("cos/sin rows" + axis_names, axes * block_tokens * rot * shape.cache_bytes, "gm"),
         UbBuffer("positions" + axis_names, axes * block_tokens * POSITION_BYTES, "gm"),
         # q's (and k's) weight and bias, in each arm that uses them; fp32 is the widest they come in.
-        UbBuffer("weights + biases", 2 * normed * head * FP32, "gm"),
+        UbBuffer("weights + biases", 2 * normed * head * FP32, "gm", worst_case=True),
     )
+    # Copied anew for every tile, hence multibuffered: the qkv tile, the cos/sin rows, the
+    # positions, and with the cache write the slots.
+    per_tile = gm[:3]
+    vector_kv: tuple[UbBuffer, ...] = ()
+    if shape.kv_cache:
+        cache_lanes = widths["k"] + widths["v"]
+        kv_gm = (
+            # Each arm writing the cache (k, v) loads the tile's slots as a vector of its own.
+            UbBuffer("slots (k + v arms)", 2 * block_tokens * SLOT_BYTES, "gm"),
+            # Per-channel int8 scales: each cache arm loads [block_heads, lanes] fp32 for its
+            # stores (no token axis). Modelled for every cache dtype: per tensor it is a scalar.
+            UbBuffer("per-channel scales (k + v arms)", cache_lanes * block_heads * FP32, "gm", worst_case=True),
+        )
+        gm += kv_gm
+        per_tile += kv_gm[:1]
+        vector_kv = (
+            UbBuffer("cache row offsets (int64)", block_tokens * SLOT_BYTES, "vector"),
+            UbBuffer("quantised fp32 (y / scale, saturated, rounded)", rows * widest * FP32, "vector"),
+            UbBuffer("per-channel scales broadcast fp32", rows * widest * FP32, "vector"),
+            UbBuffer("cache tile (int8, multibuffered)", MULTIBUFFER * rows * widest * KV_QUANT_BYTES, "vector"),
+            UbBuffer("cache store masks", rows * widest * MASK_BYTES, "vector"),
+        )
     second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer")
-                   for buf in gm[:3] for _ in range(MULTIBUFFER - 1))
+                   for buf in per_tile for _ in range(MULTIBUFFER - 1))
     # With mRoPE each axis's rows are upcast, then every lane picks its axis's value: three
     # upcast blocks and the selected one.
     cos_sin = (axes + (1 if shape.mrope else 0)) * block_tokens * rot * FP32
     vector = (
-        UbBuffer("x fp32", rows * head * FP32, "vector"),
-        UbBuffer("normalised / rotated fp32", rows * head * FP32, "vector"),
-        UbBuffer("out tile (dtype, multibuffered)", MULTIBUFFER * rows * head * shape.elem_bytes, "vector"),
+        UbBuffer("x fp32", rows * widest * FP32, "vector"),
+        UbBuffer("normalised / rotated fp32", rows * widest * FP32, "vector"),
+        UbBuffer("out tile (dtype, multibuffered)", MULTIBUFFER * rows * widest * shape.elem_bytes, "vector"),
         UbBuffer("cos/sin fp32" + (" (3 axes + per-lane selection)" if shape.mrope else ""), cos_sin, "vector"),
         UbBuffer("sum of squares, rstd", 2 * rows * FP32, "vector"),
-        UbBuffer("masks", rows * head * MASK_BYTES, "vector"),
-    )
+        UbBuffer("masks", rows * widest * MASK_BYTES, "vector"),
+    ) + vector_kv
     return gm + second + vector
 
 
