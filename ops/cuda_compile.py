@@ -2,7 +2,7 @@
 
 Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PTX on the CPU)::
 
-    python -m vllm_ascend_ext.ops.cuda_compile
+    python -m vllm_ascend_ext.ops.cuda_compile [--kv-only]
 
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
@@ -24,12 +24,25 @@ PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled
 registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
 the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
 Nsight Compute saw 247 on the H200 (Triton 3.6), and 32/8/128 read 170 here against 128 there;
-read it as a trend. It prints last ``compiled N/N CUDA kernel plans ...`` and exits non-zero on
-any failure.
+read it as a trend.
+
+The KV-cache write (``split_qkv_rmsnorm_rope_kv_cache``, :data:`KV_FORMS` on :data:`KV_ROWS`,
+both plans) is compiled as the op's validator configures it (caches of the ``meta`` device), with
+what a real launch specialises: the cache's pointers, strides and offsets divisible by 16. Each
+form is compiled without k and v out, and returning them: what the latter adds to the prologue
+under the same plan is the cache's stores (and the slot and scale loads), and what it adds to
+the former is k's and v's output stores, whose tiles the cache stores copy. Those cache stores
+must move, per thread, at least as many lanes as those output stores at the widest and at the
+narrowest: a bf16 NHD/HND row goes to the cache as wide as to ``k_out`` (16 bytes a thread in
+the large plan), an int8 or fp8 one at the same lanes or more (half the bytes), and an NZ row
+the same, since a 32-byte fractal column holds more lanes than one 16-byte vector store. An
+fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``. It prints last ``compiled N/N CUDA
+kernel plans ...`` and exits non-zero on any failure.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import concurrent.futures
 import os
@@ -37,11 +50,11 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from ._check_common import first_error, refuse_interpreted_kernel
+from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
 from .device import cuda_facts
-from .models import geometry_table
+from .models import geometry_table, model
 from .tiling import KernelShape, cuda
 
 #: Compute capability of the H100/H200 this project measures on.
@@ -51,7 +64,41 @@ TARGET_ARCH = 90
 #: count for ``[3, T]`` positions.
 _DIVISIBLE = ("qkv_ptr", "q_out_ptr", "k_out_ptr", "gate_out_ptr", "v_out_ptr", "q_w_ptr", "k_w_ptr",
               "q_b_ptr", "k_b_ptr", "cache_ptr", "pos_ptr", "qkv_stride", "q_out_stride", "k_out_stride",
-              "gate_out_stride", "v_out_stride", "cache_stride")
+              "gate_out_stride", "v_out_stride", "cache_stride",
+              # The cache write's: the caches (views of one [2, ...] tensor: the value half starts
+              # a whole number of blocks in), slots and scales, and the layouts' strides and
+              # offsets, multiples of 16 elements for every D of the table, 16-slot blocks and
+              # 32-byte NZ columns (0, the offset of every layout but cpu_vec's values, is one).
+              "k_cache_ptr", "v_cache_ptr", "slot_ptr", "k_scale_ptr", "v_scale_ptr", "block_size",
+              "k_block_stride", "k_slot_stride", "k_head_stride", "k_offset", "v_block_stride",
+              "v_slot_stride", "v_head_stride", "v_offset", "kv_chunk_stride")
+
+
+@dataclass(frozen=True)
+class KVForm:
+    """A cache write compiled on top of a geometry: ``layout`` (``"nhd"``, ``"hnd"``, ``"nz"``),
+    ``cache`` dtype (a key of :data:`~._check_common.TRITON_DTYPES`; int8 and fp8 quantised per
+    tensor) and whether k and v are returned too."""
+
+    layout: str
+    cache: str
+    return_kv: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"kv {self.layout} {self.cache}{' +kv' if self.return_kv else ''}"
+
+
+#: The cache write's forms: vLLM's NHD and HND and Ascend's NZ in bf16, int8 and fp8 e4m3 on
+#: NHD, each without k and v out (vLLM's use) and returning them too: what the latter adds to
+#: the prologue is the cache's stores and loads, and what it adds to the former is k's and v's
+#: output stores, of the same tiles as the cache's.
+KV_FORMS = tuple(KVForm(layout, cache, return_kv) for layout, cache in
+                 (("nhd", "bf16"), ("hnd", "bf16"), ("nz", "bf16"), ("nhd", "int8"), ("nhd", "fp8_e4m3"))
+                 for return_kv in (False, True))
+#: Table rows the forms are compiled on (model, TP): a plain 32/8/128, its one-kv-head TP 8
+#: shard, a gated partial-rotary D = 256 and a v-norm D = 512 layer.
+KV_ROWS = (("Qwen3-8B", 1), ("Qwen3-8B", 8), ("Qwen3-Next-80B-A3B", 1), ("Gemma-4-31B:full", 1))
 
 
 def bare(geometry):
@@ -62,37 +109,50 @@ def bare(geometry):
     return replace(geometry, q_gate=False, v_norm=False, mrope_section=None, mrope_interleaved=False)
 
 
-def _kernel(geometry, small: bool, plan_geometry=None):
+def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None, kv_plan: bool = False):
     """The plan, signature and constexprs of one geometry under the plan ``plan_geometry``
-    (default: its own) gets."""
+    (default: its own) gets; with ``kv`` as the cache-write op (validated by the op's own
+    validator, :func:`~._check_common.kv_cache_call`); ``kv_plan``: under the plan of the
+    cache write's shape (the prologue compared against it)."""
     from .split_qkv_rmsnorm_rope import _constexprs, _signature
+    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
+    call = None
     shape = KernelShape.of(geometry, 2, 4)
-    plan = (cuda.small_batch_plan if small else cuda.plan)(KernelShape.of(plan_geometry or geometry, 2, 4),
-                                                           cuda_facts())
+    if kv is not None:
+        call = kv_cache_call(geometry, "bf16", "fp32", layout=kv.layout, cache_dtype=kv.cache,
+                             return_kv=kv.return_kv, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm)
+        shape = call.shape
+    plan_shape = KernelShape.of(plan_geometry or geometry, 2, 4)
+    if kv is not None or kv_plan:
+        plan_shape = replace(plan_shape, kv_cache=True)
+    plan = (cuda.small_batch_plan if small else cuda.plan)(plan_shape, cuda_facts())
     constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
                              q_bias=False, k_bias=False, mrope_section=geometry.mrope_section,
-                             mrope_interleaved=geometry.mrope_interleaved)
-    return shape, plan, _signature("bf16", "fp32"), constexprs
+                             mrope_interleaved=geometry.mrope_interleaved,
+                             kv_cache=call.kv_cache if call else None)
+    signature = in_argument_order(kernel, _signature("bf16", "fp32", TRITON_DTYPES[kv.cache] if kv else None))
+    return shape, plan, signature, constexprs
 
 
-def _key(geometry, small: bool, plan_geometry=None) -> tuple:
+def _key(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None, kv_plan: bool = False) -> tuple:
     """What decides the compiled kernel (rows of the table that share it compile once)."""
-    _, plan, signature, constexprs = _kernel(geometry, small, plan_geometry)
+    _, plan, signature, constexprs = _kernel(geometry, small, plan_geometry, kv, kv_plan)
     return tuple(signature.items()), tuple(sorted(constexprs.items())), tuple(sorted(plan.launch_options.items()))
 
 
-def compile_plan(geometry, small: bool = False, plan_geometry=None) -> dict:
+def compile_plan(geometry, small: bool = False, plan_geometry=None, kv: KVForm | None = None,
+                 kv_plan: bool = False) -> dict:
     """Compile one geometry's CUDA plan (``small``: the small-batch plan; ``plan_geometry``: the
-    plan of another geometry, default its own) to PTX; count the vector and scalar global
-    accesses."""
+    plan of another geometry, default its own; ``kv``, ``kv_plan``: as :func:`_kernel`) to PTX;
+    count the vector and scalar global accesses."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
-    shape, plan, signature, constexprs = _kernel(geometry, small, plan_geometry)
+    shape, plan, signature, constexprs = _kernel(geometry, small, plan_geometry, kv, kv_plan)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _DIVISIBLE}
     signature |= {name: "constexpr" for name in constexprs}
     source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
@@ -103,6 +163,7 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None) -> dict:
             "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
             "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
             "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)),
+            "fp8_cvt": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
             "kinds": collections.Counter(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx)), **_ptxas_report(ptx)}
 
 
@@ -154,8 +215,48 @@ def _added_problems(geometry, row: dict, without: dict) -> tuple[str, list[str]]
     return f"+{sum(added.values())} ({wide} v4)", problems
 
 
+def _store_bytes(kind: str) -> int:
+    """Bytes one global access of ``kind`` moves per thread (``st.global.v4.b32``: 16)."""
+    vector = re.search(r"\.v(\d+)\.", kind)
+    bits = re.search(r"\.[bsuf](\d+)$", kind)
+    return (int(vector.group(1)) if vector else 1) * int(bits.group(1)) // 8
+
+
+def _cache_store_problems(kv: KVForm, row: dict, without: dict, no_kv_out: dict) -> tuple[str, list[str]]:
+    """What a cache write returning k and v (``row``) adds to the prologue under the same plan
+    (``without``: the stores added are the cache's) and to the same write without k and v out
+    (``no_kv_out``: the stores added are k's and v's output stores, of the same tiles), and
+    what is wrong with it: no cache store, or cache stores moving fewer lanes per thread than
+    those output stores, at the widest or at the narrowest (``+<stores> st, <lanes> lanes``)."""
+    def stores(kinds):
+        return {kind: n for kind, n in kinds.items() if kind.startswith("st.")}
+
+    cache = stores(row["kinds"] - without["kinds"])
+    outputs = stores(row["kinds"] - no_kv_out["kinds"])
+    cache_bytes = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1, "fp8_e4m3": 1}[kv.cache]
+    if not cache:
+        return "+0 st", ["the cache write adds no store"]
+    if not outputs:
+        return "", ["returning k and v adds no store"]
+    cache_lanes = {_store_bytes(kind) // cache_bytes for kind in cache}
+    out_lanes = {_store_bytes(kind) // 2 for kind in outputs}
+    problems = []
+    if max(cache_lanes) < max(out_lanes):
+        problems.append(f"cache stores move at most {max(cache_lanes)} lanes per thread, k/v output stores "
+                        f"{max(out_lanes)}")
+    if min(cache_lanes) < min(out_lanes):
+        problems.append(f"a cache store moves {min(cache_lanes)} lane(s) per thread, no k/v output store "
+                        f"fewer than {min(out_lanes)}")
+    lanes = "/".join(str(n) for n in sorted(cache_lanes, reverse=True))
+    return f"+{sum(cache.values())} st, {lanes} lanes", problems
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compile every CUDA plan of the geometry table; exit 1 on any failure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kv-only", action="store_true",
+                        help="compile the KV-cache write's plans only (split_qkv_rmsnorm_rope_kv_cache)")
+    args = parser.parse_args(argv)
     if refuse_interpreted_kernel():
         return 2
     try:
@@ -164,37 +265,57 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
         return 2
-    jobs = [(f"{name} tp{tp}", geometry, small) for name, tp, geometry in geometry_table()
-            for small in (False, True)]
+    jobs = [(f"{name} tp{tp}", geometry, small, None) for name, tp, geometry in geometry_table()
+            for small in (False, True) if not args.kv_only]
+    jobs += [(f"{name} tp{tp} [{kv.name}]", model(name).shard(tp), small, kv) for name, tp in KV_ROWS
+             for kv in KV_FORMS for small in (False, True)]
     # Each distinct kernel once: the table's, then the bare kernels (without the extra arms,
-    # under the same plan) of those with issue 10's arms.
+    # under the same plan) of those with issue 10's arms, and the prologue under a cache
+    # write's plan.
     work: dict = {}
-    for _, geometry, small in jobs:
-        work.setdefault(_key(geometry, small), (geometry, small, None))
-        if bare(geometry) is not None:
+    for _, geometry, small, kv in jobs:
+        work.setdefault(_key(geometry, small, kv=kv), (geometry, small, None, kv))
+        if kv is not None:
+            work.setdefault(_key(geometry, small, kv_plan=True), (geometry, small, None, None, True))
+            work.setdefault(_key(geometry, small, kv=replace(kv, return_kv=False)),
+                            (geometry, small, None, replace(kv, return_kv=False)))
+        elif bare(geometry) is not None:
             work.setdefault(_key(bare(geometry), small, geometry), (bare(geometry), small, geometry))
-    print(f"{'plan':34} {'geometry':40} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
-          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'added':>11} {'regs':>4} {'spill':>5}  status")
+    print(f"{'plan':50} {'geometry':40} {'kind':5} {'BT':>3} {'BHq':>4} {'BHk':>4} "
+          f"{'tail':>4} {'warps':>5} {'v4':>4} {'v2':>4} {'b16':>4} {'added':>17} {'regs':>4} {'spill':>5}  status")
     ok = 0
     # The plans compile independently: one process per CPU core (CI has two).
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = dict(zip(work, pool.map(_compile_job, work.values())))
     seen: dict = {}
-    for label, geometry, small in jobs:
+    for label, geometry, small, kv in jobs:
         kind = "small" if small else "large"
-        key = _key(geometry, small)
+        key = _key(geometry, small, kv=kv)
         row, error = results[key]
         same = f" (= {seen[key]})" if key in seen else ""
         seen.setdefault(key, label)
         if error is not None:
-            print(f"{label:34} {geometry.label:40} {kind:5} compile failed: {error}{same}")
+            print(f"{label:50} {geometry.label:40} {kind:5} compile failed: {error}{same}")
             continue
         plan = row["plan"]
         # The large plan's tiles must move in 16-byte vectors; the small-batch plan's one-token
         # tiles spread over 4 warps may use 8-byte ones, but never only scalars.
         problems = [] if (row["v4"] > 0 if not small else row["v4"] + row["v2"] > 0) else ["no vector accesses"]
         added = ""
-        if bare(geometry) is not None:
+        if kv is not None:
+            if kv.cache == "fp8_e4m3" and not row["fp8_cvt"]:
+                # The kernel rounds onto the e4m3 grid itself; the cast must then be the hardware's
+                # saturating round-to-nearest-even one, which the CUDA reference agrees with.
+                problems.append("no cvt.rn.satfinite.e4m3x2.f32: the fp8 cast is not the saturating one")
+            if kv.return_kv:
+                without, error = results[_key(geometry, small, kv_plan=True)]
+                no_kv_out, error2 = results[_key(geometry, small, kv=replace(kv, return_kv=False))]
+                if error or error2:
+                    problems.append(f"a kernel compared with failed: {error or error2}")
+                else:
+                    added, more = _cache_store_problems(kv, row, without, no_kv_out)
+                    problems += more
+        elif bare(geometry) is not None:
             without, error = results[_key(bare(geometry), small, geometry)]
             if error is not None:
                 problems.append(f"the bare kernel failed: {error}")
@@ -202,12 +323,14 @@ def main(argv: list[str] | None = None) -> int:
                 added, more = _added_problems(geometry, row, without)
                 problems += more
         ok += not problems
-        print(f"{label:34} {geometry.label:40} {kind:5} {plan.block_tokens:3d} "
+        print(f"{label:50} {geometry.label:40} {kind:5} {plan.block_tokens:3d} "
               f"{plan.block_heads:4d} {plan.block_heads_k:4d} {row['tail']:4d} "
-              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>11} "
+              f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>17} "
               f"{row['registers']:4d} {row['spill_bytes']:5d}  "
               f"{'ok' if not problems else 'FAIL: ' + '; '.join(problems)}{same}")
-    print("added: global accesses the gate, v and mRoPE rows add to the kernel without them (16-byte ones)")
+    print("added: global accesses the gate, v and mRoPE rows add to the kernel without them (16-byte ones); "
+          "for a cache write returning k and v, the stores it adds to the prologue under its plan and the "
+          "lanes each moves per thread (checked against the k/v output stores returning k and v adds)")
     print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (to PTX, on the CPU; "
           f"{len(work)} distinct kernels, bare ones included)")
     return 0 if ok == len(jobs) else 1
