@@ -39,7 +39,8 @@ element-wise math on two tiles. NeoX halves are two contiguous blocks; GPT-J's i
 are one contiguous block of the ``R`` rotary lanes, split into ``a`` and ``b`` in registers. The
 tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when the plan cuts a
 wide tail into chunks (summed in a first pass, loaded again to be scaled in a second), so only
-one chunk is live at a time. Programs walk the tiles grid-stride (head block fastest, so
+one chunk is live at a time. The gate's and v's heads, never rotated, are held as whole rows of
+``D`` lanes padded to a power of two (``_row_block``). Programs walk the tiles grid-stride (head block fastest, so
 neighbours share cos/sin rows); the number of tiles is computed from the token count at run
 time, so one compiled kernel serves every batch size. The tile shape, the tail chunks, the
 grid and where the cos/sin rows are gathered come from the backend's launch plan
@@ -48,8 +49,11 @@ grid and where the cos/sin rows are gathered come from the backend's launch plan
 The cos/sin rows of a tile are gathered with one 2-D load addressed by positions that were
 themselves loaded as a vector: no scalar is ever read back out of a tile that is still being
 filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. The
-gather happens before the q/k branch, or (``ROWS_AFTER_DATA``) in each arm after the head
-block's own loads are issued, so that their latency overlaps the positions -> rows chain.
+gather happens before the q/k branch (masked off for the gate's and v's tiles), or
+(``ROWS_AFTER_DATA``) in q's and k's arms after the head block's own loads are issued, so that
+their latency overlaps the positions -> rows chain. With the KV-cache write (the ``KV_*``
+constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's stores go to the paged cache
+through ``_store``, quantised there for an int8 or fp8 cache.
 """
 
 from __future__ import annotations
