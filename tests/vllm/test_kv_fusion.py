@@ -273,7 +273,7 @@ def test_layer_caches_refuses_unknown_layouts():
     cache = torch.zeros(2, 2, 16, 64)
     assert kv_fusion.layer_caches(cache, "cpu_vec") == (cache, cache)
     with pytest.raises(ValueError, match="cache_layout"):
-        kv_fusion.layer_caches(cache, "nhd")
+        kv_fusion.layer_caches(cache, "hnd")
 
 
 # ---- the worker hook's decisions (vllm_integration) -----------------------------------------
