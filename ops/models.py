@@ -56,6 +56,12 @@ class AttentionGeometry:
         mRoPE's ``(t, h, w)`` frequency lanes per position axis, summing to ``R/2`` (Qwen-VL).
     mrope_interleaved : bool
         The sections are interleaved lane by lane (Qwen3-VL) rather than contiguous (Qwen2.5-VL).
+    qk_norm_across_heads : bool
+        q and k are RMS-normalised over all of their heads together (the whole hidden size of
+        q, of k), not per head, with a weight of ``H*D`` values (MiniMax-M2's
+        ``MiniMaxText01RMSNormTP``): under tensor parallelism the sum of squares spans ranks.
+        Served by ``split_qkv_tp_rmsnorm_rope``, not by the per-head op; code that runs the
+        per-head op on the table's rows must skip these or use that op.
 
     ``num_kv_heads == 0`` is a q-only layer (Gemma-4's KV-shared layers project q alone).
     """
@@ -72,6 +78,7 @@ class AttentionGeometry:
     v_norm: bool = False
     mrope_section: tuple[int, int, int] | None = None
     mrope_interleaved: bool = False
+    qk_norm_across_heads: bool = False
 
     @property
     def qkv_width(self) -> int:
@@ -100,6 +107,8 @@ class AttentionGeometry:
             text += " gate"
         if self.v_norm:
             text += " vnorm"
+        if self.qk_norm_across_heads:
+            text += " tpnorm"
         if self.mrope_section is not None:
             text += " mrope" + ("-i" if self.mrope_interleaved else "") + ":" + ",".join(map(str, self.mrope_section))
         return text
@@ -110,8 +119,8 @@ class ModelSpec(AttentionGeometry):
     """A model's attention prologue before sharding: its whole-model geometry, a name and a note.
 
     The geometry fields are :class:`AttentionGeometry`'s (listed there only); ``name``, ``note``
-    and ``tp_sizes`` (the sizes of :data:`TP_SIZES` vLLM runs the model at: those whose q heads
-    it divides) are keyword-only.
+    and ``tp_sizes`` (the sizes vLLM runs the model at: those of :data:`TP_SIZES` whose q heads
+    it divides, and 16 where a row asks for it: MiniMax-M2) are keyword-only.
     """
 
     name: str = field(default="", kw_only=True)
@@ -253,6 +262,18 @@ MODELS: tuple[ModelSpec, ...] = (
     _spec("Gemma-4-E2B:sliding-kv-shared", 8, 0, 256, 256,
           note="16 of 35 layers: q only (k/v from an earlier layer's cache)"),
     _spec("Gemma-4-E2B:full-kv-shared", 8, 0, 512, 512, note="4 of 35 layers: q only, D=512"),
+    # MiniMax-M2 / MiniMax-M2.5 (model_type minimax_m2, MiniMaxM2ForCausalLM; M2.5 has the same
+    # architecture): config.json hidden_size=3072, num_attention_heads=48, num_key_value_heads=8,
+    # head_dim=128, rotary_dim=64 (partial rotary 0.5, NeoX: vLLM's get_rope default),
+    # rms_norm_eps=1e-06, use_qk_norm=true, qk_norm_type="per_layer" (MiniMaxAI/MiniMax-M2 and
+    # MiniMaxAI/MiniMax-M2.5 on Hugging Face; transformers 5.19 configuration_minimax_m2.py defaults
+    # agree). vLLM 0.32 normalises q and k over all heads (MiniMaxText01RMSNormTP, weights of
+    # 48*128 and 8*128 values sharded like the heads), so under TP the sum of squares is
+    # all-reduced: split_qkv_tp_rmsnorm_rope. TP 16 runs with kv heads replicated x2.
+    _spec("MiniMax-M2", 48, 8, 128, 64, qk_norm_across_heads=True, tp_sizes=(1, 2, 4, 8, 16),
+          note="q/k RMSNorm over all heads (all-reduced under TP), partial rotary 0.5"),
+    _spec("MiniMax-M2.5", 48, 8, 128, 64, qk_norm_across_heads=True, tp_sizes=(1, 2, 4, 8, 16),
+          note="MiniMax-M2's attention geometry"),
 )
 
 #: (model, tp) of the benchmark's geometries: 32/8/128, 64/4/128, 8/1/128, Qwen3-Next's 16/2/256 R64

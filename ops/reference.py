@@ -12,7 +12,8 @@ import math
 
 import torch
 
-__all__ = ["kv_cache_write", "make_inputs", "make_kv_cache", "split_qkv_rmsnorm_rope"]
+__all__ = ["kv_cache_write", "make_inputs", "make_kv_cache", "make_tp_inputs", "shard_minimax", "shard_minimax_outputs",
+           "split_qkv_rmsnorm_rope", "split_qkv_tp_rmsnorm_rope_full"]
 
 
 def _lane_axes(half: int, mrope_section, interleaved: bool) -> torch.Tensor:
@@ -251,3 +252,119 @@ def make_kv_cache(geometry, tokens: int, *, cache_layout="nhd", dtype=torch.bflo
             scales[name] = (0.01 + 0.05 * torch.rand(n, generator=generator)).to(device)
     return dict(key_cache=both[0], value_cache=both[1], slot_mapping=slots.to(device),
                 cache_layout=cache_layout, k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale"))
+
+
+def split_qkv_tp_rmsnorm_rope_full(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                                   head_dim, eps=1e-6, *, is_neox=True):
+    """What ``split_qkv_tp_rmsnorm_rope`` computes on every rank together, in float64, from the
+    FULL unsharded layer in one process (MiniMax-M2's ``MiniMaxText01RMSNormTP`` at TP 1).
+
+    Per token: q's ``Hq*D`` columns divided by their RMS over all of them (``sqrt(mean(x**2) +
+    eps)``) times ``q_weight`` (``[Hq*D]``), k's ``Hkv*D`` columns likewise with ``k_weight``;
+    then each head rotated as :func:`split_qkv_rmsnorm_rope` rotates it (partial rotary over the
+    first ``R`` dims, NeoX or GPT-J, clamped positions). ``num_q_heads``/``num_kv_heads`` are the
+    model's total head counts.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        float64 ``q`` ``[T, Hq*D]``, ``k`` and ``v`` ``[T, Hkv*D]`` (v as in qkv).
+    """
+    x = qkv.double()
+    q_cols, kv_cols = num_q_heads * head_dim, num_kv_heads * head_dim
+    normed = x[:, :q_cols + 2 * kv_cols].clone()
+    for start, cols, weight in ((0, q_cols, q_weight), (q_cols, kv_cols, k_weight)):
+        y = normed[:, start:start + cols]
+        normed[:, start:start + cols] = y / torch.sqrt((y * y).mean(dim=-1, keepdim=True) + eps) * weight.double()
+    return split_qkv_rmsnorm_rope(normed, None, None, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                                  head_dim, eps, is_neox=is_neox)
+
+
+def _minimax_heads(num_q_heads: int, num_kv_heads: int, tp: int, rank: int) -> tuple[range, range]:
+    """The q heads and kv heads (of the full layer) rank ``rank`` of ``tp`` holds, as vLLM shards
+    MiniMax-M2: q heads split evenly; kv heads split while there are at least ``tp`` of them,
+    else replicated, rank ``r`` holding kv head ``r // (tp // Hkv)``."""
+    if num_q_heads % tp or not 0 <= rank < tp:
+        raise ValueError(f"tp={tp}, rank={rank} cannot shard {num_q_heads} q heads")
+    hq = num_q_heads // tp
+    if num_kv_heads >= tp:
+        if num_kv_heads % tp:
+            raise ValueError(f"tp={tp} does not divide {num_kv_heads} kv heads")
+        hkv = num_kv_heads // tp
+        kv = range(rank * hkv, (rank + 1) * hkv)
+    else:
+        if tp % num_kv_heads:
+            raise ValueError(f"{num_kv_heads} kv heads cannot be replicated over tp={tp}")
+        head = rank // (tp // num_kv_heads)
+        kv = range(head, head + 1)
+    return range(rank * hq, (rank + 1) * hq), kv
+
+
+def _head_columns(heads: range, head_dim: int, start: int = 0) -> slice:
+    return slice(start + heads.start * head_dim, start + heads.stop * head_dim)
+
+
+def shard_minimax(full_args: dict, tp: int, rank: int) -> dict:
+    """One rank's ``split_qkv_tp_rmsnorm_rope`` arguments from the full layer's (keyword arguments
+    of :func:`split_qkv_tp_rmsnorm_rope_full`, as :func:`make_tp_inputs` returns them): its slice
+    of q's, k's and v's columns (a new contiguous qkv), its shards of the weights
+    (``MiniMaxText01RMSNormTP``'s weight loader: the rows of its heads; replicated kv heads share
+    their head's shard), the same cache and positions, the local head counts and ``tp_size``.
+
+    Returns
+    -------
+    dict
+        Keyword arguments of ``split_qkv_tp_rmsnorm_rope`` but ``all_reduce``.
+    """
+    hq, hkv, d = full_args["num_q_heads"], full_args["num_kv_heads"], full_args["head_dim"]
+    q_heads, kv_heads = _minimax_heads(hq, hkv, tp, rank)
+    qkv = full_args["qkv"]
+    q = qkv[:, _head_columns(q_heads, d)]
+    k = qkv[:, _head_columns(kv_heads, d, hq * d)]
+    v = qkv[:, _head_columns(kv_heads, d, (hq + hkv) * d)]
+    return dict(qkv=torch.cat([q, k, v], dim=1).contiguous(),
+                q_weight=full_args["q_weight"][_head_columns(q_heads, d)].contiguous(),
+                k_weight=full_args["k_weight"][_head_columns(kv_heads, d)].contiguous(),
+                cos_sin_cache=full_args["cos_sin_cache"], positions=full_args["positions"],
+                num_q_heads=len(q_heads), num_kv_heads=len(kv_heads), head_dim=d, eps=full_args["eps"],
+                tp_size=tp, is_neox=full_args["is_neox"])
+
+
+def shard_minimax_outputs(outputs, num_q_heads: int, num_kv_heads: int, head_dim: int, tp: int, rank: int):
+    """The columns of the full layer's ``(q, k, v)`` (``[T, Hq*D]``, ``[T, Hkv*D]`` each) that
+    rank ``rank`` of ``tp`` computes (:func:`shard_minimax`'s heads)."""
+    q_heads, kv_heads = _minimax_heads(num_q_heads, num_kv_heads, tp, rank)
+    q, k, v = outputs
+    return (q[:, _head_columns(q_heads, head_dim)], k[:, _head_columns(kv_heads, head_dim)],
+            v[:, _head_columns(kv_heads, head_dim)])
+
+
+def make_tp_inputs(geometry, tokens: int, *, padding: int = 0, device="cpu", dtype=torch.bfloat16,
+                   cache_dtype=torch.float32, max_position: int = 97,
+                   generator: torch.Generator | None = None) -> dict:
+    """Fresh random arguments of :func:`split_qkv_tp_rmsnorm_rope_full` for the FULL layer of
+    ``geometry`` (an unsharded ``AttentionGeometry``/``ModelSpec``): :func:`make_inputs`' qkv,
+    cache and positions (some out of range), with weights of ``Hq*D`` and ``Hkv*D`` values.
+
+    ``padding`` of the tokens (the last ones) are padding tokens as a padded batch has them: rows
+    of zeros in qkv at positions outside the cache (half below 0, half past its end).
+
+    Returns
+    -------
+    dict
+        ``qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
+        eps, is_neox``.
+    """
+    g = geometry
+    args = make_inputs(g, tokens, device=device, dtype=dtype, cache_dtype=cache_dtype,
+                       max_position=max_position, generator=generator)
+    if padding:
+        pad = slice(tokens - padding, tokens)
+        args["qkv"][pad] = 0
+        off = torch.tensor([-5 if i % 2 else max_position + 7 for i in range(padding)], device=device)
+        args["positions"][pad] = off.to(args["positions"].dtype)
+    weights = [(1 + 0.5 * torch.randn(h * g.head_dim, generator=generator)).to(device=device, dtype=dtype)
+               for h in (g.num_q_heads, g.num_kv_heads)]
+    return dict(qkv=args["qkv"], q_weight=weights[0], k_weight=weights[1], cos_sin_cache=args["cos_sin_cache"],
+                positions=args["positions"], num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads,
+                head_dim=g.head_dim, eps=g.eps, is_neox=g.is_neox)

@@ -31,7 +31,7 @@ from . import settings
 from .tiling import KernelShape
 
 __all__ = ["Call", "KVCacheWrite", "MAX_HEAD_DIM", "check_runnable", "geometry", "mrope_section_of",
-           "split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache"]
+           "split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_tp_rmsnorm_rope"]
 
 #: Largest head the op serves: one head's tile row of 512 lanes (plus padding) is what the
 #: Ascend UB model and the CUDA register budget were sized and checked for.
@@ -74,6 +74,9 @@ class Call:
     mrope_interleaved: bool = False
     #: The cache write of ``split_qkv_rmsnorm_rope_kv_cache``; ``None`` for the prologue alone.
     kv_cache: KVCacheWrite | None = None
+    #: ``split_qkv_tp_rmsnorm_rope``'s tensor-parallel size (the norm's divisor counts every rank's
+    #: columns); 1 for the other ops.
+    tp_size: int = 1
 
     @property
     def q_gate(self) -> bool:
@@ -83,11 +86,12 @@ class Call:
     def features(self) -> frozenset[str]:
         """The call's optional variants by name, for implementations to say which they serve:
         ``"mrope"`` (``[3, T]`` positions), ``"q_gate"``, ``"v_norm"``, ``"q_only"``
-        (``num_kv_heads == 0``), ``"kv_cache"`` (the paged cache write)."""
+        (``num_kv_heads == 0``), ``"kv_cache"`` (the paged cache write), ``"tp_norm"`` (q and k
+        normalised across all heads and ranks: ``split_qkv_tp_rmsnorm_rope``)."""
         s = self.shape
         return frozenset(name for name, on in (("mrope", s.mrope), ("q_gate", s.q_gate),
                                                 ("v_norm", s.v_norm), ("q_only", s.num_kv_heads == 0),
-                                                ("kv_cache", s.kv_cache)) if on)
+                                                ("kv_cache", s.kv_cache), ("tp_norm", s.norm_across_heads)) if on)
 
     @property
     def v_norm(self) -> bool:
@@ -138,7 +142,8 @@ def _finite(name: str, value, *, non_negative: bool = False) -> float:
 
 
 def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, elem_bytes: int = 2,
-             cache_bytes: int = 4, q_gate=False, v_norm=False, mrope=False) -> KernelShape:
+             cache_bytes: int = 4, q_gate=False, v_norm=False, mrope=False,
+             norm_across_heads=False) -> KernelShape:
     """Check a layer geometry; return its :class:`KernelShape`.
 
     Parameters
@@ -156,6 +161,9 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
         Element sizes of qkv and of the cos/sin cache.
     q_gate, v_norm, mrope : bool
         q's heads carry a gate; v is normalised; positions are ``[3, T]`` (mRoPE).
+    norm_across_heads : bool
+        q and k are normalised across all heads (``split_qkv_tp_rmsnorm_rope``: MiniMax-M2);
+        needs k (``num_kv_heads >= 1``) and none of q_gate, v_norm, mrope.
 
     Raises
     ------
@@ -176,10 +184,18 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
     v_norm = _flag("v_norm", v_norm)
     if v_norm and hkv == 0:
         raise ValueError("v_norm needs v: a q-only layer (num_kv_heads=0) has none")
+    norm_across_heads = _flag("norm_across_heads", norm_across_heads)
+    if norm_across_heads:
+        if hkv == 0:
+            raise ValueError("num_kv_heads must be >= 1 with q/k normalised across heads (split_qkv_tp_rmsnorm_rope)")
+        for name, on in (("q_gate", q_gate), ("v_norm", v_norm), ("mrope", mrope)):
+            if on:
+                raise ValueError(f"{name} is not supported with q/k normalised across heads "
+                                 "(split_qkv_tp_rmsnorm_rope)")
     return KernelShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=r,
                        elem_bytes=elem_bytes, cache_bytes=cache_bytes,
                        is_neox=_flag("is_neox", is_neox), q_gate=_flag("q_gate", q_gate),
-                       v_norm=v_norm, mrope=_flag("mrope", mrope))
+                       v_norm=v_norm, mrope=_flag("mrope", mrope), norm_across_heads=norm_across_heads)
 
 
 def mrope_section_of(mrope_section, rotary_dim: int) -> tuple[int, int, int] | None:
@@ -364,6 +380,78 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     write = KVCacheWrite(layout=cache_layout, key_strides=key_strides, value_strides=value_strides, quant=quant,
                          per_channel=per_channel, return_kv=_flag("return_kv", return_kv))
     return replace(call, shape=replace(shape, kv_cache=True), kv_cache=write)
+
+
+#: The per-head op's options ``split_qkv_tp_rmsnorm_rope`` does not serve, with the value that
+#: means "off" (a caller forwarding the prologue's keywords gets a ValueError naming the option).
+_TP_NORM_UNSUPPORTED = dict(q_bias=None, k_bias=None, weight_offset=0.0, inplace=False, mrope_section=None,
+                            mrope_interleaved=False, q_gate=False, v_norm=False)
+
+
+def _is_process_group(value) -> bool:
+    dist = torch.distributed
+    return dist.is_available() and isinstance(value, dist.ProcessGroup)
+
+
+def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                              head_dim, eps=1e-6, *, tp_size=1, all_reduce=None, is_neox=True,
+                              **prologue) -> Call:
+    """Check one call of ``split_qkv_tp_rmsnorm_rope`` (its exact signature): qkv, the cache,
+    positions, heads and ``eps`` as :func:`split_qkv_rmsnorm_rope` checks them, then the weights
+    (``[Hq*D]`` and ``[Hkv*D]``: the rank's shards of the across-heads norm), ``tp_size`` and
+    ``all_reduce``.
+
+    ``prologue`` takes the per-head op's other options only to refuse them by name when set
+    (``mrope_section``, ``q_gate``, ``v_norm``, biases, ``weight_offset``, ``inplace``): the
+    across-heads norm serves none of them. ``[3, T]`` positions (mRoPE) are refused too.
+
+    Returns
+    -------
+    Call
+        With ``shape.norm_across_heads`` (features include ``"tp_norm"``) and ``tp_size``.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument; the message names it: ``tp_size`` not a positive int (or not the
+        size of the process group given), ``all_reduce`` missing with ``tp_size > 1`` or not a
+        ``ProcessGroup`` or callable, a weight missing or not ``[H*D]``, a q-only layer
+        (``num_kv_heads=0``), an unsupported option.
+    """
+    for name, value in prologue.items():
+        if name not in _TP_NORM_UNSUPPORTED:
+            raise TypeError(f"split_qkv_tp_rmsnorm_rope() got an unexpected keyword argument {name!r}")
+        off = _TP_NORM_UNSUPPORTED[name]
+        if (value is not None) if off is None else (isinstance(value, torch.Tensor) or value != off):
+            raise ValueError(f"{name} is not supported by split_qkv_tp_rmsnorm_rope (q and k normalised "
+                             f"across heads): leave it at {_TP_NORM_UNSUPPORTED[name]!r}")
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        raise ValueError(f"positions must be [T]: split_qkv_tp_rmsnorm_rope has no mRoPE, got shape "
+                         f"{list(positions.shape)}")
+    tp = _count("tp_size", tp_size)
+    if all_reduce is None:
+        if tp > 1:
+            raise ValueError(f"all_reduce is required with tp_size={tp} > 1: a torch.distributed ProcessGroup "
+                             "or a callable f(tensor) -> summed tensor (vLLM's get_tp_group().all_reduce)")
+    elif _is_process_group(all_reduce):
+        if all_reduce.size() != tp:
+            raise ValueError(f"tp_size={tp} but the all_reduce process group has {all_reduce.size()} ranks")
+    elif not callable(all_reduce):
+        raise ValueError(f"all_reduce must be None, a torch.distributed ProcessGroup or a callable, "
+                         f"got {type(all_reduce).__name__}")
+    call = split_qkv_rmsnorm_rope(qkv, None, None, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                                  head_dim, eps, is_neox=is_neox)
+    shape, device = call.shape, qkv.device
+    if shape.num_kv_heads == 0:
+        raise ValueError("num_kv_heads must be >= 1: split_qkv_tp_rmsnorm_rope normalises k across its heads "
+                         "(a q-only layer, num_kv_heads=0, is not supported)")
+    for name, weight, heads in (("q_weight", q_weight, shape.num_q_heads), ("k_weight", k_weight,
+                                                                           shape.num_kv_heads)):
+        if weight is None:
+            raise ValueError(f"{name} is required: the norm's weight shard, [{heads * shape.head_dim}] "
+                             f"(this rank's heads x head_dim)")
+        _vector(name, weight, heads * shape.head_dim, device)
+    return replace(call, shape=replace(shape, norm_across_heads=True), q_norm=True, k_norm=True, tp_size=tp)
 
 
 def check_runnable(device: torch.device) -> None:

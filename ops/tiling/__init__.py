@@ -19,8 +19,8 @@ import torch
 
 from .. import device as _device
 
-__all__ = ["KernelShape", "PlanBase", "forced", "next_pow2", "plan_for", "prev_pow2",
-           "warm_up_token_counts"]
+__all__ = ["KernelShape", "PlanBase", "SumsPlan", "forced", "next_pow2", "plan_for", "prev_pow2",
+           "sums_plan_for", "warm_up_token_counts"]
 
 
 def next_pow2(n: int) -> int:
@@ -52,6 +52,10 @@ class KernelShape:
     mrope: bool = False
     #: k and v are written into the paged KV cache (v's heads are tiled even when not normalised).
     kv_cache: bool = False
+    #: q and k are normalised over all their heads from a ``[T, 2]`` fp32 tensor of sums of
+    #: squares (``split_qkv_tp_rmsnorm_rope``'s second kernel): the weights are ``H*D`` values, so
+    #: a tile holds ``[BLOCK_H, D]`` of them rather than ``[D]``, and no per-head sum is taken.
+    norm_across_heads: bool = False
 
     @classmethod
     def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
@@ -61,7 +65,8 @@ class KernelShape:
                    head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
                    elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox,
                    q_gate=geometry.q_gate, v_norm=geometry.v_norm,
-                   mrope=geometry.mrope_section is not None)
+                   mrope=geometry.mrope_section is not None,
+                   norm_across_heads=geometry.qk_norm_across_heads)
 
     @property
     def num_heads(self) -> int:
@@ -190,6 +195,37 @@ class PlanBase:
         return programs
 
 
+@dataclass(frozen=True)
+class SumsPlan:
+    """A launch of ``split_qkv_tp_rmsnorm_rope``'s first kernel (each token's sums of squares of
+    its q and k columns): ``block_tokens`` tokens per tile, q's columns walked in chunks of
+    ``block_cols_q``, k's in chunks of ``block_cols_k``, at most ``max_programs`` programs
+    (grid-stride over the token blocks). ``ub_buffers`` is the Ascend UB model (empty for CUDA)."""
+
+    block_tokens: int
+    block_cols_q: int
+    block_cols_k: int
+    max_programs: int
+    num_warps: int | None = None
+    ub_buffers: tuple = ()
+    ub_capacity: int = 0
+
+    @property
+    def ub_bytes(self) -> int:
+        return sum(buf.nbytes for buf in self.ub_buffers)
+
+    def ub_bytes_from(self, source: str) -> int:
+        return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
+
+    @property
+    def launch_options(self) -> dict:
+        return {} if self.num_warps is None else {"num_warps": self.num_warps}
+
+    def grid(self, num_tokens: int) -> int:
+        """Programs to launch: one per token block, at most ``max_programs``."""
+        return max(1, min(-(-num_tokens // self.block_tokens), self.max_programs))
+
+
 _forced_backend: str | None = None
 _forced_plan: PlanBase | None = None
 
@@ -229,6 +265,19 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
     native = _device.backend_of(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
+
+
+def sums_plan_for(device: torch.device, shape: KernelShape) -> SumsPlan:
+    """The plan of the sums-of-squares kernel of ``split_qkv_tp_rmsnorm_rope`` for ``shape`` on
+    ``device`` (the backend chosen as :func:`plan_for` chooses it; one plan for every batch size)."""
+    from . import ascend, cuda
+
+    facts = _cuda_facts_for(device)
+    if facts is not None:
+        return cuda.sums_plan(shape, facts)
+    native = _device.backend_of(device)
+    index = (device.index or 0) if native == "ascend" else None
+    return ascend.sums_plan(shape, _device.ascend_facts(index))
 
 
 def warm_up_token_counts(device: torch.device, shape: KernelShape) -> tuple[int, ...]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, next_pow2
+from . import KernelShape, PlanBase, SumsPlan, next_pow2
 from ..device import AscendFacts
 
-__all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "plan", "rope_axes", "ub_budget", "ub_buffers"]
+__all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "plan", "rope_axes", "sums_plan",
+           "sums_ub_buffers", "ub_budget", "ub_buffers"]
 
 #: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
 #: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
@@ -143,11 +144,20 @@ def ub_buffers(shape: KernelShape, block_tokens: int, block_heads: int) -> tuple
         UbBuffer("cos/sin rows" + axis_names, axes * block_tokens * rot * shape.cache_bytes, "gm"),
         UbBuffer("positions" + axis_names, axes * block_tokens * POSITION_BYTES, "gm"),
         # q's (and k's) weight and bias, in each arm that uses them; fp32 is the widest they come in.
-        UbBuffer("weights + biases", 2 * normed * head * FP32, "gm", worst_case=True),
+        # Normalised across heads, the weights are H*D values: a tile loads [block_heads, D] of them
+        # (no bias), and each arm loads its tokens' [T, 2] sums of squares.
+        (UbBuffer("weights [block_heads, D] (q + k arms)", normed * block_heads * head * FP32, "gm",
+                  worst_case=True) if shape.norm_across_heads else
+         UbBuffer("weights + biases", 2 * normed * head * FP32, "gm", worst_case=True)),
     )
     # Copied anew for every tile, hence multibuffered: the qkv tile, the cos/sin rows, the
-    # positions, and with the cache write the slots.
+    # positions, and with the cache write the slots (and the sums of squares when normalised
+    # across heads).
     per_tile = gm[:3]
+    if shape.norm_across_heads:
+        sums = UbBuffer("sums of squares (q + k arms)", normed * block_tokens * FP32, "gm")
+        gm += (sums,)
+        per_tile += (sums,)
     vector_kv: tuple[UbBuffer, ...] = ()
     if shape.kv_cache:
         cache_lanes = widths["k"] + widths["v"]
@@ -218,3 +228,56 @@ def plan(shape: KernelShape, facts: AscendFacts) -> AscendPlan:
         block_tokens=block_tokens, block_heads=block_heads, max_programs=facts.num_vector_cores,
         ub_buffers=ub_buffers(shape, block_tokens, block_heads), ub_capacity=facts.ub_bytes,
     )
+
+
+#: Columns per chunk of the sums-of-squares kernel at most (q's 6144 columns of MiniMax-M2 at TP 1
+#: go in 6 chunks).
+MAX_SUMS_COLS = 1024
+
+
+def sums_ub_buffers(shape: KernelShape, block_tokens: int, cols_q: int, cols_k: int) -> tuple[UbBuffer, ...]:
+    """The UB a tile of ``split_qkv_tp_rmsnorm_rope``'s first kernel keeps live: a chunk of q's
+    columns and one of k's (each loop's load is its own copy from global memory, multibuffered),
+    the fp32 upcast and the running sum of squares of the wider chunk, masks, and the ``[BT, 2]``
+    fp32 sums stored (``docs/ascend-ub-model.md``)."""
+    widest = max(cols_q, cols_k)
+    rows = block_tokens * widest
+    gm = (UbBuffer("qkv chunk (q loop)", block_tokens * cols_q * shape.elem_bytes, "gm"),
+          UbBuffer("qkv chunk (k loop)", block_tokens * cols_k * shape.elem_bytes, "gm"))
+    second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer") for buf in gm
+                   for _ in range(MULTIBUFFER - 1))
+    vector = (
+        UbBuffer("x fp32", rows * FP32, "vector"),
+        UbBuffer("running x**2 fp32", rows * FP32, "vector"),
+        UbBuffer("masks", rows * MASK_BYTES, "vector"),
+        UbBuffer("sums [BT, 2] fp32 (multibuffered)", MULTIBUFFER * block_tokens * 2 * FP32, "vector"),
+    )
+    return gm + second + vector
+
+
+@functools.lru_cache(maxsize=None)
+def sums_plan(shape: KernelShape, facts: AscendFacts) -> SumsPlan:
+    """The Ascend plan of the sums-of-squares kernel: q's and k's columns in chunks of at most
+    :data:`MAX_SUMS_COLS` (each padded to a power of two), the most tokens per tile (up to
+    :data:`MAX_BLOCK_TOKENS`) that fit the UB budget, a grid of vector cores.
+
+    Raises
+    ------
+    ValueError
+        If not even ``MIN_BLOCK_TOKENS`` tokens fit.
+    """
+    budget = ub_budget(facts)
+    cols_q = min(next_pow2(shape.num_q_heads * shape.head_dim), MAX_SUMS_COLS)
+    cols_k = min(next_pow2(max(1, shape.num_kv_heads) * shape.head_dim), MAX_SUMS_COLS)
+
+    def fits(tokens: int) -> bool:
+        return sum(buf.nbytes for buf in sums_ub_buffers(shape, tokens, cols_q, cols_k)) <= budget
+
+    if not fits(MIN_BLOCK_TOKENS):
+        raise ValueError(f"{MIN_BLOCK_TOKENS} tokens of the sums kernel of {shape} do not fit {budget} bytes of UB")
+    tokens = MIN_BLOCK_TOKENS
+    while tokens < MAX_BLOCK_TOKENS and fits(2 * tokens):
+        tokens *= 2
+    return SumsPlan(block_tokens=tokens, block_cols_q=cols_q, block_cols_k=cols_k,
+                    max_programs=facts.num_vector_cores, ub_buffers=sums_ub_buffers(shape, tokens, cols_q, cols_k),
+                    ub_capacity=facts.ub_bytes)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, next_pow2, prev_pow2
+from . import KernelShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import CudaFacts
 
-__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan"]
+__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
 
 #: Padded head elements per q tile (both rotary halves and the tail, or one tail chunk): 4096
 #: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (perf-notes v3
@@ -198,3 +198,15 @@ def small_batch_max_tokens(shape: KernelShape, facts: CudaFacts) -> int:
               else SMALL_BATCH_TILES_PER_SM)
     token_blocks = int(per_sm * facts.num_sms) // large.head_blocks(shape)
     return token_blocks * large.block_tokens
+
+
+@functools.lru_cache(maxsize=None)
+def sums_plan(shape: KernelShape, facts: CudaFacts) -> SumsPlan:
+    """The CUDA plan of ``split_qkv_tp_rmsnorm_rope``'s sums-of-squares kernel: tiles of
+    :data:`TILE_ELEMENTS` (4 tokens x 1024 columns, or fewer columns for narrow shards), 4 warps,
+    :data:`PROGRAMS_PER_SM` programs per SM. Not tuned yet (no measurement behind it)."""
+    cols_q = min(next_pow2(shape.num_q_heads * shape.head_dim), 1024)
+    cols_k = min(next_pow2(max(1, shape.num_kv_heads) * shape.head_dim), 1024)
+    tokens = max(1, TILE_ELEMENTS // max(cols_q, cols_k))
+    return SumsPlan(block_tokens=tokens, block_cols_q=cols_q, block_cols_k=cols_k,
+                    max_programs=PROGRAMS_PER_SM * facts.num_sms, num_warps=4)

@@ -502,7 +502,8 @@ def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_b
         shape = validation.geometry(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim,
                                     geometry.rotary_dim, is_neox=geometry.is_neox, elem_bytes=elem_bytes,
                                     cache_bytes=cache_bytes, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
-                                    mrope=geometry.mrope_section is not None)
+                                    mrope=geometry.mrope_section is not None,
+                                    norm_across_heads=geometry.qk_norm_across_heads)
         validation.mrope_section_of(geometry.mrope_section, geometry.rotary_dim)
     except ValueError as exc:
         message = str(exc)
