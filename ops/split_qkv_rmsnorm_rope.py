@@ -11,6 +11,10 @@ k's, the rest v's. v is never read or written, unless ``v_norm``. Variants (cons
 * ``v_norm``: v's heads are RMS-normalised without a weight and written (``y = x * rsqrt(mean(x**2)
   + eps)``, no rotation).
 * ``num_kv_heads == 0``: a q-only layer; qkv holds q alone.
+* ``NORM_SUMS`` / ``ELEM_W`` (``split_qkv_tp_rmsnorm_rope``'s second kernel, MiniMax-M2): q and k
+  are normalised across all heads, each token's ``rstd`` from a ``[T, 2]`` fp32 tensor of sums of
+  squares (summed over the TP group) divided by ``H*D*tp``, and weights of ``H*D`` values
+  (``w[h*D + d]``); no per-head sum, no bias.
 * mRoPE: ``positions`` is ``[3, T]`` (t, h, w) and frequency lane ``i`` takes ``c[i]``, ``s[i]``
   from the row of its axis's position: contiguous sections ``(t, h, w)``, or interleaved (h if
   ``i % 3 == 1 and i < 3h``, w if ``i % 3 == 2 and i < 3w``, else t).
@@ -84,29 +88,46 @@ def _load_affine(ptr, offs, mask, offset, ON: tl.constexpr, DEFAULT: tl.constexp
 
 
 @triton.jit
-def _affine(x, rstd, w, b, BIAS: tl.constexpr):
-    """``x * rstd * w (+ b)`` on a ``[BLOCK_T, BLOCK_H, N]`` slice; ``rstd`` per row, ``w``/``b`` per dim."""
-    x = x * rstd[:, :, None] * w[None, None, :]
+def _affine(x, rstd, w, b, BIAS: tl.constexpr, ELEM_W: tl.constexpr):
+    """``x * rstd * w (+ b)`` on a ``[BLOCK_T, BLOCK_H, N]`` slice; ``rstd`` per row, ``w``/``b`` per dim
+    (``ELEM_W``: ``w`` is ``[BLOCK_H, N]``, one weight per head and dim; no bias then)."""
+    if ELEM_W:
+        x = x * rstd[:, :, None] * w[None, :, :]
+    else:
+        x = x * rstd[:, :, None] * w[None, None, :]
     if BIAS:
         x = x + b[None, None, :]
     return x
 
 
 @triton.jit
-def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W: tl.constexpr, BIAS: tl.constexpr):
+def _weight(w_ptr, lanes, lanes_ok, weight_offset, W: tl.constexpr, head, head_ok, HEAD_DIM: tl.constexpr,
+            ELEM_W: tl.constexpr):
+    """The weight of ``lanes`` (plus ``weight_offset``; 1 without a weight): ``[L]``, or with
+    ``ELEM_W`` ``[BLOCK_H, L]`` read at ``head * HEAD_DIM + lane`` (a weight of ``H*D`` values)."""
+    if ELEM_W:
+        return _load_affine(w_ptr, head[:, None] * HEAD_DIM + lanes[None, :], head_ok[:, None] & lanes_ok[None, :],
+                            weight_offset, W, 1.0)
+    else:
+        return _load_affine(w_ptr, lanes, lanes_ok, weight_offset, W, 1.0)
+
+
+@triton.jit
+def _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, W: tl.constexpr, BIAS: tl.constexpr,
+                 head, head_ok, HEAD_DIM: tl.constexpr, ELEM_W: tl.constexpr):
     """The weight (plus ``weight_offset``; 1 without a weight) and bias of both elements of every
     rotary pair."""
-    return (_load_affine(w_ptr, ia, i_ok, weight_offset, W, 1.0),
-            _load_affine(w_ptr, ib, i_ok, weight_offset, W, 1.0),
+    return (_weight(w_ptr, ia, i_ok, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
+            _weight(w_ptr, ib, i_ok, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
             _load_affine(b_ptr, ia, i_ok, 0.0, BIAS, 0.0),
             _load_affine(b_ptr, ib, i_ok, 0.0, BIAS, 0.0))
 
 
 @triton.jit
 def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, W: tl.constexpr,
-                 BIAS: tl.constexpr):
+                 BIAS: tl.constexpr, head, head_ok, ELEM_W: tl.constexpr):
     """The weight (plus ``weight_offset``; 1 without a weight) and bias of the tail lanes ``j``."""
-    return (_load_affine(w_ptr, j, j < HEAD_DIM, weight_offset, W, 1.0),
+    return (_weight(w_ptr, j, j < HEAD_DIM, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
             _load_affine(b_ptr, j, j < HEAD_DIM, 0.0, BIAS, 0.0))
 
 
@@ -209,9 +230,15 @@ def _head_block(
     kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
+    sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
 ):
     """Normalise (``NORM``: with the tensor's weight) and rotate one block of heads of q or k:
     load, math, store. (The gate and v, never rotated, go through :func:`_row_block`.)
+
+    With ``NORM_SUMS`` the norm is across all heads: each token's sum of squares is read at
+    ``sums_ptr[2 * t]`` (already summed over the tensor's heads on every rank) and divided by
+    ``num_heads * HEAD_DIM * sums_tp``; no per-head sum is taken. With ``ELEM_W`` the weight
+    has ``num_heads * HEAD_DIM`` values, lane ``d`` of head ``h`` at ``h * HEAD_DIM + d``.
 
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
@@ -262,12 +289,16 @@ def _head_block(
     # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
     # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
     if NORM and TAIL_CHUNKS == 1:
-        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS)
+        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
+                                          head, head_ok, HEAD_DIM, ELEM_W)
         if PASS > 0:
-            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS)
+            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
             if TAIL_W2 > 0:
-                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS)
-    if NORM:
+                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
+                                          ELEM_W)
+    if NORM and NORM_SUMS:
+        sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
+    elif NORM:
         sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
         if PASS > 0 and TAIL_CHUNKS == 1:
             sum_sq += tl.sum(p * p, axis=2)
@@ -285,11 +316,16 @@ def _head_block(
         cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
                             SEC_H, SEC_W, INTERLEAVED)
     if NORM:
-        rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
+        if NORM_SUMS:
+            # [BLOCK_T, 1]: one rstd per token, for every head of the block.
+            rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
+        else:
+            rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
         if TAIL_CHUNKS > 1:
-            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS)
-        a = _affine(a, rstd, w_a, b_a, BIAS)
-        b = _affine(b, rstd, w_b, b_b, BIAS)
+            w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
+                                              head, head_ok, HEAD_DIM, ELEM_W)
+        a = _affine(a, rstd, w_a, b_a, BIAS, ELEM_W)
+        b = _affine(b, rstd, w_b, b_b, BIAS, ELEM_W)
 
     ab_kv = kv_row_ok & i_ok[None, None, :]
     if IS_NEOX:
@@ -305,13 +341,13 @@ def _head_block(
     if PASS > 0:
         if TAIL_CHUNKS == 1:
             if NORM:
-                p = _affine(p, rstd, w_p, b_p, BIAS)
+                p = _affine(p, rstd, w_p, b_p, BIAS, ELEM_W)
             _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
                    kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, KV_LANE,
                    kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             if TAIL_W2 > 0:
                 if NORM:
-                    p2 = _affine(p2, rstd, w_p2, b_p2, BIAS)
+                    p2 = _affine(p2, rstd, w_p2, b_p2, BIAS, ELEM_W)
                 _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
                        kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
                        KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
@@ -322,8 +358,9 @@ def _head_block(
                 pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
                              other=0.0).to(tl.float32)
                 if NORM:
-                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS)
-                    pc = _affine(pc, rstd, w_c, b_c, BIAS)
+                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
+                                            ELEM_W)
+                    pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
                 _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
                        kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
                        OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
@@ -373,17 +410,17 @@ def _kv_rows(slot_ptr, tok64, tok_ok, block_size, block_stride, slot_stride, off
     return kv_rows, kv_tok_ok
 
 
-@triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride"])
+@triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride", "sums_tp"])
 def _split_qkv_rmsnorm_rope_kernel(
     qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
     q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
     cache_ptr, pos_ptr,
-    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, sums_ptr,
     num_tokens, max_position,
     qkv_stride, q_out_stride, k_out_stride, gate_out_stride, v_out_stride, cache_stride, pos_stride,
     pos_axis_stride, eps, weight_offset,
     block_size, k_block_stride, k_slot_stride, k_head_stride, k_offset,
-    v_block_stride, v_slot_stride, v_head_stride, v_offset, kv_chunk_stride,
+    v_block_stride, v_slot_stride, v_head_stride, v_offset, kv_chunk_stride, sums_tp,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, PASS: tl.constexpr,
     TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
@@ -396,6 +433,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     ROWS_AFTER_DATA: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
+    NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
 ):
     # Head blocks never straddle tensors: q's come first, then k's, the gate's (as q's), v's (as
     # k's); the gate's and v's exist only when they are written (v: normalised, or into the cache).
@@ -461,7 +499,8 @@ def _split_qkv_rmsnorm_rope_kernel(
                         q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
                         PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
                         ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                        q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
+                        q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
+                        sums_ptr, sums_tp, NORM_SUMS, ELEM_W)
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
@@ -474,7 +513,8 @@ def _split_qkv_rmsnorm_rope_kernel(
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                             k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, K_LANE, kv_chunk_stride,
                             k_scale_ptr,
-                            K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
+                            K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
+                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W)
         elif head_block < G_END:
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
@@ -571,11 +611,13 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
 
 
 def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None,
-           key_cache=None, value_cache=None, slot_mapping=None, k_scale=None, v_scale=None):
+           key_cache=None, value_cache=None, slot_mapping=None, k_scale=None, v_scale=None, norm_sums=None):
     """Run a call :func:`.validation.split_qkv_rmsnorm_rope` (or ``..._kv_cache``, with the cache
     arguments) has passed (the selector in ``vllm_ascend_ext.impl`` validates once, then launches
     through here); returns ``(q, k, v)``, and the gate after them with ``q_gate``. With a cache
-    write and no ``return_kv``, k and v are ``[T, 0]``.
+    write and no ``return_kv``, k and v are ``[T, 0]``. A call of
+    :func:`.validation.split_qkv_tp_rmsnorm_rope` (``call.shape.norm_across_heads``) passes
+    ``norm_sums``, the ``[T, 2]`` fp32 sums of squares of q and k summed over the TP group.
 
     Raises
     ------
@@ -615,6 +657,7 @@ def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positi
         slot_ptr=positions if kv is None else slot_mapping,
         k_scale_ptr=cos_sin_cache if k_scale is None else k_scale,
         v_scale_ptr=cos_sin_cache if v_scale is None else v_scale,
+        sums_ptr=cos_sin_cache if norm_sums is None else norm_sums, sums_tp=call.tp_size,
         num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
         qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
         gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
@@ -661,6 +704,9 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         ROWS_AFTER_DATA=plan.rows_after_data,
+        # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
+        # weights of H*D values.
+        NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,
     )
 
 
@@ -672,7 +718,8 @@ def _signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dic
     tensor, cache = f"*{dtype}", f"*{cache_dtype}"
     return {
         "k_cache_ptr": f"*{kv_dtype or dtype}", "v_cache_ptr": f"*{kv_dtype or dtype}", "slot_ptr": "*i64",
-        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "block_size": "i32", "k_block_stride": "i32",
+        "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "sums_ptr": "*fp32", "sums_tp": "i32", "block_size": "i32",
+        "k_block_stride": "i32",
         "k_slot_stride": "i32", "k_head_stride": "i32", "k_offset": "i32",
         "v_block_stride": "i32",
         "v_slot_stride": "i32", "v_head_stride": "i32", "v_offset": "i32",
