@@ -14,7 +14,7 @@ import importlib
 import sys
 import types
 
-__all__ = ["split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache"]
+__all__ = ["split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_tp_rmsnorm_rope"]
 
 
 class _OpsPackage(types.ModuleType):
