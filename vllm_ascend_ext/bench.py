@@ -802,9 +802,7 @@ def format_table(result: dict) -> str:
     if result["meta"].get("op") == KV_OP:
         return format_kv_table(result)
     rows, meta = result["rows"], result["meta"]
-    by_key: dict = {}
-    for r in rows:
-        by_key.setdefault((r.model, r.tp, r.geometry, r.tokens), {})[r.provider] = r
+    by_key = _cells(rows)
     providers = [p for p in PROVIDERS if any(p in v for v in by_key.values())]
     head = f"{'geometry':24} {'T':>6} " + " ".join(f"{p + ' us':>11}" for p in providers)
     head += (f" {'ours GB/s':>10} {'floor us':>9} {'ours/floor':>10} {'ours/launch':>11}"
@@ -829,7 +827,8 @@ def _kv_ratio(cells: dict, provider: str, attr: str) -> float:
     return getattr(cells["ours_kv"], attr) / getattr(cells[provider], attr)
 
 
-def _kv_cells(rows) -> dict:
+def _cells(rows) -> dict:
+    """Rows by (model, TP, geometry, T), then by provider."""
     by_key: dict = {}
     for r in rows:
         by_key.setdefault((r.model, r.tp, r.geometry, r.tokens), {})[r.provider] = r
@@ -853,7 +852,7 @@ def format_kv_table(result: dict) -> str:
         ``ours+scatter``.
     """
     rows, meta = result["rows"], result["meta"]
-    by_key = _kv_cells(rows)
+    by_key = _cells(rows)
     providers = [p for p in KV_PROVIDERS if any(p in v for v in by_key.values())]
     lines = [f"device {meta['device']}: empty-kernel replay {meta['launch_floor_us']:.2f} us; "
              f"{meta['cache_dtype']} {meta['cache_layout']} cache, block {meta['block_size']}, one random slot a token"]
@@ -891,7 +890,7 @@ def kv_bar_verdict(result: dict) -> list[str]:
     list of str
         Nothing for a comparison whose providers were not run.
     """
-    by_key = _kv_cells(result["rows"])
+    by_key = _cells(result["rows"])
     calls = result["meta"].get("amortised_calls", AMORTISED_CALLS)
     out = []
     for mode, attr in (("graph", "us"), (f"amortised x{calls}", "us_amortised")):
