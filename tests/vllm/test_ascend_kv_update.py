@@ -424,14 +424,7 @@ def test_pass_fuses_the_ascend_update_with_nhd(modules, on, monkeypatch):
                            v_cache[max(s, 0) // BS, max(s, 0) % BS].flatten())) for s in slots.tolist()]
         return torch.cat((query.flatten(1), torch.stack(rows)), dim=1)
 
-    lib = torch.library.Library("ascend_kv_standin", "FRAGMENT")
-    lib.define(f"unified_kv_cache_update(Tensor key, Tensor value, {kvt.NAME_TYPE} layer_name) -> Tensor")
-    lib.define(f"attention(Tensor query, {kvt.NAME_TYPE} layer_name, Tensor? kv_cache_dummy_dep=None) -> Tensor")
-    lib.impl("unified_kv_cache_update", update, "CPU")
-    lib.impl("attention", attend, "CPU")
-    torch.library.register_fake("ascend_kv_standin::unified_kv_cache_update", lambda k, v, n: k.new_empty(0), lib=lib)
-    torch.library.register_fake("ascend_kv_standin::attention", lambda q, n, kv_cache_dummy_dep=None: q.new_empty(
-        q.shape[0], q.shape[1] * q.shape[2] + 2 * HKV * D), lib=lib)
+    lib = kvt.define_standin_ops("ascend_kv_standin", update, attend, 2 * HKV * D)  # noqa: F841 (kept alive)
     update_op = torch.ops.ascend_kv_standin.unified_kv_cache_update.default
 
     class Layer(torch.nn.Module):

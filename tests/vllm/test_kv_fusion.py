@@ -97,17 +97,25 @@ def _attention_impl(query, layer_name, kv_cache_dummy_dep=None):
     return torch.cat((query.flatten(1), torch.stack(rows)), dim=1)
 
 
-_LIB = torch.library.Library("kv_standin", "FRAGMENT")
-_LIB.define(f"unified_kv_cache_update(Tensor key, Tensor value, {NAME_TYPE} layer_name) -> Tensor")
-_LIB.define(f"attention(Tensor query, {NAME_TYPE} layer_name, Tensor? kv_cache_dummy_dep=None) -> Tensor")
-_LIB.impl("unified_kv_cache_update", _update_impl, "CPU")
-_LIB.impl("attention", _attention_impl, "CPU")
-torch.library.register_fake("kv_standin::unified_kv_cache_update", lambda k, v, n: k.new_empty(0), lib=_LIB)
-torch.library.register_fake(
-    "kv_standin::attention",
-    lambda q, n, kv_cache_dummy_dep=None: q.new_empty(q.shape[0], q.shape[1] * q.shape[2] + 2 * _KV_COLS),
-    lib=_LIB)
+def define_standin_ops(namespace: str, update, attend, kv_cols: int) -> torch.library.Library:
+    """Stand-ins of vLLM's ``unified_kv_cache_update(key, value, layer_name) -> Tensor`` (the
+    dummy) and of an attention op reading the cache back (``attention(query, layer_name,
+    kv_cache_dummy_dep)``: q's rows, then ``kv_cols`` cache columns a token), in ``namespace``,
+    with ``update`` and ``attend`` as their CPU implementations."""
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.define(f"unified_kv_cache_update(Tensor key, Tensor value, {NAME_TYPE} layer_name) -> Tensor")
+    lib.define(f"attention(Tensor query, {NAME_TYPE} layer_name, Tensor? kv_cache_dummy_dep=None) -> Tensor")
+    lib.impl("unified_kv_cache_update", update, "CPU")
+    lib.impl("attention", attend, "CPU")
+    torch.library.register_fake(f"{namespace}::unified_kv_cache_update", lambda k, v, n: k.new_empty(0), lib=lib)
+    torch.library.register_fake(
+        f"{namespace}::attention",
+        lambda q, n, kv_cache_dummy_dep=None: q.new_empty(q.shape[0], q.shape[1] * q.shape[2] + kv_cols), lib=lib)
+    return lib
+
+
 _KV_COLS = 2 * 32
+_LIB = define_standin_ops("kv_standin", _update_impl, _attention_impl, 2 * _KV_COLS)
 UPDATE = torch.ops.kv_standin.unified_kv_cache_update.default
 
 
