@@ -8,7 +8,10 @@ For each model of ``ops/models.py`` at each TP size it runs at (and feature vari
 them), and for the KV-cache write (``split_qkv_rmsnorm_rope_kv_cache``: ND and NZ layouts, the
 activation dtype and int8 per tensor and per channel, with and without k and v out; on the plain
 Qwen3 rows and one row of each feature family, :data:`KV_TABLE_MODELS`, :data:`KV_FAMILIES`,
-configured by the op's own validator on ``meta`` tensors), this builds the Ascend launch plan,
+configured by the op's own validator on ``meta`` tensors), and for ``split_qkv_tp_rmsnorm_rope``
+(the table's rows normalised across heads, MiniMax-M2 / M2.5, at TP 1/2/4/8/16: its second
+kernel is the table row's own plan, compiled with ``NORM_SUMS``/``ELEM_W``; its first kernel,
+the sums of squares, is lowered beside it as ``[sums]``), this builds the Ascend launch plan,
 runs triton-ascend's ``ttir`` and ``ttadapter`` (ttir -> linalg) stages for
 ``GPUTarget("npu", <soc>, 0)`` (the final bishengir stage needs CANN and is not run), then:
 
@@ -51,7 +54,7 @@ from dataclasses import dataclass, replace
 from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
 from . import settings
 from .device import ascend_facts
-from .models import geometry_table, model
+from .models import TP_SIZES, geometry_table, model
 from .tiling import KernelShape, ascend
 
 _ALLOC = re.compile(r"(%[\w.]+) = memref\.alloc\(\)[^:]*: memref<([^>]*)>")
@@ -109,6 +112,8 @@ class Variant:
     is_neox: bool | None = None  # None: as the model has it
     base: str = "Qwen3-8B"
     kv: KVWrite | None = None
+    #: ``split_qkv_tp_rmsnorm_rope``'s first kernel (the sums of squares) instead of the prologue's.
+    sums: bool = False
 
 
 VARIANTS = (
@@ -125,7 +130,14 @@ VARIANTS = (
     Variant("gptj", is_neox=False, base="Qwen2.5-VL-7B"),  # contiguous mRoPE, no norm
     Variant("gptj, fp16", dtype="fp16", is_neox=False, base="Gemma-4-E2B:sliding-kv-shared"),  # q-only
     Variant("no q norm", q_norm=False, base="Gemma-4-E2B:full-kv-shared"),  # q-only, rotation alone
+    # Issue 12: the across-heads norm (NORM_SUMS, ELEM_W) in the dtypes and rotary style the table's
+    # bf16 NeoX rows do not reach, and its first kernel in fp32.
+    Variant("fp32", dtype="fp32", base="MiniMax-M2"),
+    Variant("gptj, fp16", dtype="fp16", is_neox=False, base="MiniMax-M2"),
+    Variant("sums, fp32", dtype="fp32", base="MiniMax-M2", sums=True),
 )
+#: TP sizes of the table lowered: every size a row runs at (16 only for MiniMax-M2 / M2.5).
+TABLE_TP_SIZES = TP_SIZES + (16,)
 
 #: The KV-cache write (issue 11) on the plain Qwen3 rows of the table, at every TP size each
 #: runs at, in the :data:`KV_COVER` forms (Qwen3-8B at TP 1 in all of :data:`KV_ALL`).
@@ -226,6 +238,13 @@ def _kernel(geometry, variant: Variant, facts):
     from .split_qkv_rmsnorm_rope import _constexprs, _signature
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
 
+    if variant.sums:
+        from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+
+        shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
+        plan = ascend.sums_plan(shape, facts)
+        return shape, plan, in_argument_order(_sums_kernel, _sums_signature(variant.dtype)), \
+            _sums_constexprs(shape, plan)
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
     kv = variant.kv
@@ -260,15 +279,18 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
     """Plan and lower one geometry (with an optional feature variant) for the NPU of ``facts``
     (:class:`~.device.AscendFacts`); return the report row."""
     from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_tp_rmsnorm_rope import _sums_kernel
 
     variant = variant or Variant("")
     shape, plan, signature, constants = _kernel(geometry, variant, facts)
-    linalg = _lower(kernel, signature, constants, facts.soc)
+    # The sums kernel's one output is the [T, 2] sums; the prologue kernel reads them.
+    outputs, caches = (("sums_ptr",), ()) if variant.sums else (_OUTPUTS, _CACHES)
+    linalg = _lower(_sums_kernel if variant.sums else kernel, signature, constants, facts.soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order (the
     # constants dropped); checked against the types it declares.
     runtime = [name for name in signature if name not in constants]
     _check_arguments(linalg, runtime, signature)
-    args = {f"%arg{i + 2}": name for i, name in enumerate(runtime) if name in _OUTPUTS + _CACHES}
+    args = {f"%arg{i + 2}": name for i, name in enumerate(runtime) if name in outputs + caches}
     accesses = _accesses(linalg, args)
     allocs = [_alloc_bytes(shape_text) for _, shape_text in _ALLOC.findall(linalg)]
     ir_bytes = sum(allocs)
@@ -277,10 +299,10 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
         "model_gm": plan.ub_bytes_from("gm"), "model": plan.ub_bytes,
         "model_exact": sum(b.nbytes for b in plan.ub_buffers if b.source == "gm" and not b.worst_case),
         "capacity": plan.ub_capacity,
-        "output_reads": sum(accesses["read", name] for name in _OUTPUTS + _CACHES),
-        "output_element_stores": sum(accesses["element store", name] for name in _OUTPUTS),
-        "cache_element_stores": (sum(accesses["element store", name] for name in _CACHES)
-                                 if shape.kv_cache else None),
+        "output_reads": sum(accesses["read", name] for name in outputs + caches),
+        "output_element_stores": sum(accesses["element store", name] for name in outputs),
+        "cache_element_stores": (sum(accesses["element store", name] for name in caches)
+                                 if shape.kv_cache and not variant.sums else None),
     }
     problems = []
     if ir_bytes > row["model_gm"]:
@@ -310,7 +332,10 @@ def plan_jobs(kv_only: bool = False) -> list[tuple[str, object, Variant | None]]
 
     jobs: list = []
     if not kv_only:
-        jobs += [(f"{name} tp{tp}", geometry, None) for name, tp, geometry in geometry_table()]
+        for name, tp, geometry in geometry_table(TABLE_TP_SIZES):
+            jobs.append((f"{name} tp{tp}", geometry, None))
+            if geometry.qk_norm_across_heads:  # split_qkv_tp_rmsnorm_rope's first kernel too
+                jobs.append((f"{name} tp{tp} [sums]", geometry, Variant("sums", sums=True)))
         jobs += [(f"{v.base} tp1 [{v.name}]", at_tp1(v), v) for v in VARIANTS]
     for name, tp, geometry in geometry_table():
         if name in KV_TABLE_MODELS:
@@ -387,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         elementwise = row["cache_element_stores"]
         kv_rows += elementwise is not None
         kv_elementwise += bool(elementwise)
-        print(f"{label:58} {geometry.label:40} {plan.block_tokens:3d} {plan.block_heads:3d} "
+        print(f"{label:58} {geometry.label:40} {plan.block_tokens:3d} {getattr(plan, 'block_heads', '-')!s:>3} "
               f"{row['ir_bytes']:10d} {row['model_gm']:9d} {row['model']:7d} {row['capacity']:7d} "
               f"{'-' if elementwise is None else elementwise:>7}  {status}")
     note = f", {retried} lowered again after a crash of triton-adapter-opt" if retried else ""
