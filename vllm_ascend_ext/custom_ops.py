@@ -1,6 +1,6 @@
 """The fused prologue as torch custom ops: what a compiled graph calls.
 
-Three ops are registered in the ``vllm_ascend_ext`` namespace, with the schema written out so
+Four ops are registered in the ``vllm_ascend_ext`` namespace, with the schema written out so
 that the mutation semantics are explicit:
 
 ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope`` (functional)::
@@ -50,6 +50,17 @@ that the mutation semantics are explicit:
     both ``(a!)`` and ``(b!)`` would contradict the schema, and ``auto_functionalized`` v1 (the
     form vLLM 0.32 compiles with) would clone the two apart and lose one half's write.
 
+``torch.ops.vllm_ascend_ext.split_qkv_tp_rmsnorm_rope`` (q/k norm across all heads and TP ranks)::
+
+    split_qkv_tp_rmsnorm_rope(Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache,
+                              Tensor positions, int num_q_heads, int num_kv_heads, int head_dim,
+                              float eps, int tp_size, bool is_neox) -> (Tensor q, Tensor k)
+
+    :func:`vllm_ascend_ext.ops.split_qkv_tp_rmsnorm_rope` (MiniMax-M2): new ``q`` and ``k``; ``v``
+    is qkv's last ``Hkv*D`` columns, which the caller slices. The head counts and weights are
+    this rank's. The ``[T, 2]`` sums go through :func:`tp_all_reduce`: vLLM's TP group when it is
+    initialised with ``tp_size`` ranks, else torch.distributed's default group of that size.
+
 The argument list is spelled once, :data:`ARGS_SCHEMA`, from pieces the KV-cache op's schema
 reuses; :func:`schemas` builds both schemas of
 an op name from it (the AscendC ops of :mod:`vllm_ascend_ext.ascendc` use it too).
@@ -68,6 +79,8 @@ Importing this module registers the ops once per process; it imports nothing fro
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from . import impl
@@ -84,10 +97,14 @@ __all__ = [
     "ONE_TENSOR_LAYOUTS",
     "NAMESPACE",
     "OP_NAME",
+    "TP_NORM_OP_NAME",
+    "TP_NORM_SCHEMA",
     "functional_op",
     "inplace_op",
     "kv_cache_op",
     "schemas",
+    "tp_all_reduce",
+    "tp_norm_op",
     "validate_fake",
     "validate_kv_cache_fake",
     "value_cache_of",
@@ -143,6 +160,13 @@ KV_CACHE_SCHEMA = (
     f"{KV_CACHE_OP_NAME}(Tensor qkv, {_TENSORS_SCHEMA}, Tensor(a!) key_cache, Tensor(b!)? value_cache, "
     f"Tensor slot_mapping, {_GEOMETRY_SCHEMA}, *, str cache_layout=\"nhd\", Tensor? k_scale=None, "
     f"Tensor? v_scale=None, bool return_kv=False, {_KEYWORDS_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+TP_NORM_OP_NAME = "split_qkv_tp_rmsnorm_rope"
+#: MiniMax-M2's q/k norm across all heads and TP ranks, then RoPE: q and k out, v left to the caller.
+TP_NORM_SCHEMA = (
+    f"{TP_NORM_OP_NAME}(Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
+    "int num_q_heads, int num_kv_heads, int head_dim, float eps, int tp_size, bool is_neox) -> (Tensor, Tensor)"
 )
 
 #: Dispatch keys with a real implementation. PrivateUse1 is the key torch_npu's "npu" device uses.
@@ -217,6 +241,47 @@ def _kv_cache_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache,
     return (outputs[0], outputs[1] if return_kv else qkv.new_empty((tokens, 0)),
             outputs[2] if return_kv and v_norm else qkv.new_empty((tokens, 0)),
             outputs[3] if q_gate else qkv.new_empty((tokens, 0)))
+
+
+def tp_all_reduce(tp_size: int):
+    """The all-reduce ``split_qkv_tp_rmsnorm_rope`` sums its ``[T, 2]`` partial sums with.
+
+    ``None`` at ``tp_size == 1`` (no collective); else vLLM's ``get_tp_group().all_reduce`` when
+    vLLM's TP group is initialised (read from ``sys.modules``: vLLM is never imported here) with
+    ``tp_size`` ranks; else ``torch.distributed``'s default group when it is initialised with
+    ``tp_size`` ranks. Nothing here initialises a group.
+
+    Raises
+    ------
+    ValueError
+        Naming ``tp_size``, when it is above 1 and no such group exists.
+    """
+    if tp_size == 1:
+        return None
+    parallel_state = sys.modules.get("vllm.distributed.parallel_state")
+    group = getattr(parallel_state, "_TP", None)
+    if group is not None and getattr(group, "world_size", None) == tp_size:
+        return group.all_reduce
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == tp_size:
+        return dist.group.WORLD
+    sizes = []
+    if group is not None:
+        sizes.append(f"vLLM's TP group has {getattr(group, 'world_size', '?')} ranks")
+    if dist.is_available() and dist.is_initialized():
+        sizes.append(f"torch.distributed's default group has {dist.get_world_size()}")
+    raise ValueError(f"tp_size={tp_size} but no process group of that size is initialised"
+                     + (f" ({'; '.join(sizes)})" if sizes else " (neither vLLM's TP group nor torch.distributed's)"))
+
+
+def _tp_norm_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+                  tp_size, is_neox):
+    from .ops import split_qkv_tp_rmsnorm_rope
+
+    q, k, _ = split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
+                                        num_kv_heads, head_dim, eps, tp_size=tp_size,
+                                        all_reduce=tp_all_reduce(tp_size), is_neox=is_neox)
+    return q, k
 
 
 def _hint(value) -> int:
@@ -339,12 +404,30 @@ def _kv_cache_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache,
     return fake_outputs(qkv, shape, return_kv=return_kv)
 
 
+def _tp_norm_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+                  tp_size, is_neox):
+    # The one validator, on the traced example's sizes; the group is the real call's to find, so
+    # a stand-in callable satisfies the validator's "all_reduce required above TP 1".
+    ex = _traced_example
+    shape = validation.split_qkv_tp_rmsnorm_rope(
+        ex(qkv), ex(q_weight), ex(k_weight), ex(cos_sin_cache), ex(positions), num_q_heads, num_kv_heads, head_dim,
+        eps, tp_size=tp_size, all_reduce=None if tp_size == 1 else _no_collective, is_neox=is_neox).shape
+    tokens = qkv.shape[0]
+    return (qkv.new_empty((tokens, shape.num_q_heads * shape.head_dim)),
+            qkv.new_empty((tokens, shape.num_kv_heads * shape.head_dim)))
+
+
+def _no_collective(tensor):  # pragma: no cover - never called: it only satisfies the validator
+    return tensor
+
+
 def _register() -> torch.library.Library:
     """Define the ops and their implementations (once per process)."""
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     ops = ((OP_NAME, FUNCTIONAL_SCHEMA, _functional_impl, _functional_fake),
            (INPLACE_OP_NAME, INPLACE_SCHEMA, _inplace_impl, _inplace_fake),
-           (KV_CACHE_OP_NAME, KV_CACHE_SCHEMA, _kv_cache_impl, _kv_cache_fake))
+           (KV_CACHE_OP_NAME, KV_CACHE_SCHEMA, _kv_cache_impl, _kv_cache_fake),
+           (TP_NORM_OP_NAME, TP_NORM_SCHEMA, _tp_norm_impl, _tp_norm_fake))
     for name, schema, real, fake in ops:
         lib.define(schema)
         for key in DISPATCH_KEYS:
@@ -375,3 +458,8 @@ def inplace_op():
 def kv_cache_op():
     """``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_kv_cache.default``."""
     return getattr(torch.ops, NAMESPACE).split_qkv_rmsnorm_rope_kv_cache.default
+
+
+def tp_norm_op():
+    """``torch.ops.vllm_ascend_ext.split_qkv_tp_rmsnorm_rope.default``."""
+    return getattr(torch.ops, NAMESPACE).split_qkv_tp_rmsnorm_rope.default

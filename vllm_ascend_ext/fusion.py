@@ -92,7 +92,11 @@ those of geometries it does not fuse, and N those rewritten. With the KV-cache s
 (:class:`~vllm_ascend_ext.kv_fusion.KVCacheFusion`, ``kv_cache=``) the line goes on
 ``, K/N with the KV-cache write``: K of the N fused prologues now also write their layer's
 cache (a q-only layer has no cache write of its own; a layer whose cache layout is refused
-keeps vLLM's, and one more INFO line gives the reason and the count).
+keeps vLLM's, and one more INFO line gives the reason and the count). MiniMax-M2's q/k norm
+across all heads (geometries with ``qk_norm_across_heads``: no per-head pattern is registered for
+them) is fused first by :class:`~vllm_ascend_ext.tp_fusion.TPNormFusion` into
+``split_qkv_tp_rmsnorm_rope``; those count in N, and the line goes on ``, T with the q/k norm
+across TP ranks`` (the KV-cache step's ``K/N`` then counts the per-head op's prologues only).
 """
 
 from __future__ import annotations
@@ -367,7 +371,8 @@ class AscendOps:
     fused : tuple of OpOverload
         vllm-ascend's own fused prologue ops, which its model patches put into the graph
         (``vllm.triton_split_qkv_rmsnorm_mrope``: Qwen3-VL, Qwen3.5; ``vllm.qkv_rmsnorm_rope``
-        and ``_simt``): left alone, counted in the log line.
+        and ``_simt``; ``vllm.split_qkv_tp_rmsnorm_rope``: MiniMax-M2): left alone, counted in
+        the log line.
     """
 
     rms_norm: object = None
@@ -383,7 +388,8 @@ def ascend_ops() -> AscendOps:
     Looked up lazily, when the pass first runs: importing this module needs only torch.
     """
     fused = tuple(op for op in (_op("vllm", "triton_split_qkv_rmsnorm_mrope"), _op("vllm", "qkv_rmsnorm_rope"),
-                                _op("vllm", "qkv_rmsnorm_rope_simt")) if op is not None)
+                                _op("vllm", "qkv_rmsnorm_rope_simt"), _op("vllm", "split_qkv_tp_rmsnorm_rope"))
+                  if op is not None)
     return AscendOps(rms_norm=_op("npu", "npu_rms_norm"), gemma_rms_norm=_op("_C_ascend", "npu_gemma_rms_norm"),
                      rotary_embedding=_op("vllm", "npu_rotary_embedding"), mrope=_op("npu", "npu_mrope"),
                      fused=fused)
@@ -856,6 +862,8 @@ def _fake_mode():
 def _variants(geo: AttentionGeometry, forms):
     """``(norm, rope, v_norm, key)`` of every pattern ``geo`` registers, in matching order: the
     v-norm patterns first, then the same without it (q and k fused, v's norm left in the graph)."""
+    if geo.qk_norm_across_heads:
+        return  # MiniMax-M2's norm across heads: the TP step's (vllm_ascend_ext.tp_fusion)
     for with_v_norm in ((True, False) if geo.v_norm and geo.num_kv_heads else (False,)):
         for norm, rope in forms:
             if not rope.serves(geo):
@@ -924,6 +932,12 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         self._built_for: tuple | None = None
         self.last_counts: tuple[int, int] | None = None
         self.last_already_fused: dict[str, int] = {}
+        from .tp_fusion import TPNormFusion
+
+        #: The q/k-norm-across-heads step (MiniMax-M2; :mod:`vllm_ascend_ext.tp_fusion`), run
+        #: first; its count is part of N and of the log line's TP suffix.
+        self.tp_norm = TPNormFusion(self.geometries, dtypes=self._dtypes)
+        self.last_tp = 0
 
     # ---- configuration ---------------------------------------------------------------------
     def geometries(self) -> tuple[AttentionGeometry, ...]:
@@ -996,13 +1010,14 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         norm_ops = [op for op in (ascend.rms_norm, ascend.gemma_rms_norm) if op is not None]
         total = count_prologue_candidates(graph, self.counted_geometries(), norm_ops)
         already = count_already_fused(graph, ascend.fused)
+        tp = self._tp_step(graph)
         try:
             fused = self._build().apply(graph) if geometries else 0
         except Exception as exc:  # noqa: BLE001 - never break the user's compile
             logger.warning("vllm_ascend_ext: fusion pass skipped this graph: %s: %s",
                            type(exc).__name__, exc)
             fused = 0
-        if fused:
+        if fused or tp:
             # The matcher inserts each op before the first output of its match; an input bound
             # to a node defined later (a weight computed in the graph, such as ``w + 1``) is then
             # used before its definition. Inductor sorts right after this pass; we need it before
@@ -1010,10 +1025,15 @@ class QKNormRoPEFusionPass(CustomGraphPass):
             pm.stable_topological_sort(graph)
             graph.eliminate_dead_code()
         kv = self._kv_step(graph)
-        self.last_counts = (fused, total)
+        self.last_counts = (fused + tp, total)
         self.last_already_fused = already
         self.last_kv = kv
-        line, args = LOG_FORMAT, [fused, total]
+        self.last_tp = tp
+        line, args = LOG_FORMAT, [fused + tp, total]
+        if tp:
+            from .tp_fusion import TP_FORMAT
+
+            line, args = line + TP_FORMAT, [*args, tp]
         if kv is not None and not self.kv_cache.enabled:
             from .ops.settings import KV_CACHE_FUSION
 
@@ -1025,7 +1045,16 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         logger.info(line, *args)
         for reason, count in sorted((kv.refused if kv is not None else {}).items()):
             logger.info(KV_REFUSED_FORMAT, count, "" if count == 1 else "s", reason)
-        return fused
+        return fused + tp
+
+    def _tp_step(self, graph: torch.fx.Graph) -> int:
+        """Run the q/k-norm-across-heads step on ``graph``; how many it fused."""
+        try:
+            return self.tp_norm.apply(graph)
+        except Exception as exc:  # noqa: BLE001 - never break the user's compile
+            logger.warning("vllm_ascend_ext: TP q/k norm fusion skipped this graph: %s: %s",
+                           type(exc).__name__, exc)
+            return 0
 
     def _kv_step(self, graph: torch.fx.Graph):
         """Run the KV-cache step (if any) on ``graph``; its counts, or ``None`` without one."""
@@ -1044,7 +1073,8 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         """Cache key: this module's source, the geometries and the forms."""
         return _uuid(repr(self.geometries()),
                      repr([(n.name if n else None, r.name) for n, r in self.forms()]),
-                     repr(self._dtypes), self.kv_cache.uuid_part() if self.kv_cache is not None else "")
+                     repr(self._dtypes), self.kv_cache.uuid_part() if self.kv_cache is not None else "",
+                     self.tp_norm.uuid_part())
 
 
 @functools.lru_cache(maxsize=1)
@@ -1052,10 +1082,11 @@ def _source_hash() -> str:
     import inspect
     import sys
 
-    from . import kv_fusion
+    from . import kv_fusion, tp_fusion
 
     module = sys.modules[__name__]
-    text = inspect.getsource(module) + inspect.getsource(custom_ops) + inspect.getsource(kv_fusion)
+    text = (inspect.getsource(module) + inspect.getsource(custom_ops) + inspect.getsource(kv_fusion)
+            + inspect.getsource(tp_fusion))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -13,7 +13,10 @@ The issue-10 variants are read from the same modules, as vLLM 0.32 names them:
   (``Gemma4Attention``); a v-norm with a weight or another eps is left to the graph (the q/k
   prologue is still fused);
 * q-only: ``is_kv_shared_layer`` (``Gemma4Attention``'s KV-shared layers project q alone): the
-  geometry has ``num_kv_heads == 0``.
+  geometry has ``num_kv_heads == 0``;
+* q/k norm across all heads (``qk_norm_across_heads``; MiniMax-M2 / M2.5, ``qk_norm_type
+  "per_layer"``): ``MiniMaxM2Attention``'s ``q_norm`` is a ``MiniMaxText01RMSNormTP`` whose weight
+  holds the rank's ``Hq*D`` values (per-head norms hold ``D``).
 
 A module that vLLM itself serves with its fused gated kernel (``use_fused_qk_norm_rope_gate``,
 CUDA/XPU only) is not ours to fuse and is skipped. Layers may differ: every distinct geometry
@@ -55,6 +58,15 @@ def _mrope(rope, rotary_dim: int):
     return section, bool(getattr(rope, "mrope_interleaved", False))
 
 
+def _across_heads(q_norm, num_q_heads: int, head_dim: int) -> bool:
+    """Whether ``q_norm`` normalises the rank's whole q (all heads) rather than each head:
+    vLLM's ``MiniMaxText01RMSNormTP``, or any norm whose weight holds ``Hq*D`` values (Hq > 1)."""
+    if type(q_norm).__name__ == "MiniMaxText01RMSNormTP":
+        return True
+    weight = getattr(q_norm, "weight", None)
+    return isinstance(weight, torch.Tensor) and num_q_heads > 1 and weight.numel() == num_q_heads * head_dim
+
+
 def module_geometry(module: torch.nn.Module) -> AttentionGeometry | None:
     """The prologue geometry of one attention module, or ``None`` if it is not one we fuse."""
     attn = getattr(module, "attn", None)
@@ -84,6 +96,8 @@ def module_geometry(module: torch.nn.Module) -> AttentionGeometry | None:
     if q_norm is None or k_norm is None:
         return AttentionGeometry(hq, hkv, d, r, qk_norm=False, eps=NO_NORM_EPS, **options)
     eps = _eps(q_norm)
+    if _across_heads(q_norm, hq, d):
+        return AttentionGeometry(hq, hkv, d, r, qk_norm=True, eps=eps, qk_norm_across_heads=True, **options)
     offset = 1.0 if "gemma" in type(q_norm).__name__.lower() else 0.0
     v_norm = getattr(module, "v_norm", None)
     weightless_v = (hkv > 0 and v_norm is not None and not getattr(v_norm, "has_weight", True)
