@@ -415,7 +415,18 @@ def op_variants(geo: AttentionGeometry) -> list[AttentionGeometry]:
 
 def op_arguments(geo: AttentionGeometry, dtype: torch.dtype, device: torch.device, tokens: int) -> tuple:
     """``(args, kwargs)`` of one call of the functional op for ``geo`` (zeros; ``[3, T]``
-    positions for mRoPE, no k weight for a q-only layer): what warm-up runs."""
+    positions for mRoPE, no k weight for a q-only layer): what warm-up runs. For a geometry with
+    ``qk_norm_across_heads`` (MiniMax-M2) a call of ``split_qkv_tp_rmsnorm_rope`` at ``tp_size``
+    1 (weights of ``H*D``; its kernels do not depend on the TP size, so this compiles what every
+    rank runs, without a collective)."""
+    if geo.qk_norm_across_heads:
+        d = geo.head_dim
+        return ((torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device),
+                 torch.ones(geo.num_q_heads * d, dtype=dtype, device=device),
+                 torch.ones(geo.num_kv_heads * d, dtype=dtype, device=device),
+                 torch.zeros(1, geo.rotary_dim, dtype=dtype, device=device),
+                 torch.zeros(tokens, dtype=torch.int64, device=device), geo.num_q_heads, geo.num_kv_heads, d,
+                 geo.eps, 1, geo.is_neox), {})
     weight = torch.ones(geo.head_dim, dtype=dtype, device=device) if geo.qk_norm else None
     positions = (3, tokens) if geo.mrope_section is not None else (tokens,)
     args = (torch.zeros(tokens, geo.qkv_width, dtype=dtype, device=device), weight,
@@ -434,12 +445,15 @@ def call_features(geo: AttentionGeometry, dtype: torch.dtype) -> frozenset[str]:
     from .ops import validation
 
     args, kwargs = op_arguments(geo, dtype, torch.device("cpu"), 1)
+    if geo.qk_norm_across_heads:
+        return validation.split_qkv_tp_rmsnorm_rope(*args[:9], tp_size=args[9], is_neox=args[10]).features
     return validation.split_qkv_rmsnorm_rope(*args, **kwargs).features
 
 
 def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[AttentionGeometry, str]:
     """Run the fused op on ``device`` once per geometry, op variant (:func:`op_variants`) and
-    plan (CUDA has a small-batch and a large plan): Triton compiles each kernel now, not
+    plan (CUDA has a small-batch and a large plan; ``split_qkv_tp_rmsnorm_rope`` at TP 1 for
+    MiniMax-M2's norm across heads, see :func:`op_arguments`): Triton compiles each kernel now, not
     inside a graph capture.
 
     Parameters
@@ -464,11 +478,11 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[Attent
     """
     from . import custom_ops
 
-    op = custom_ops.functional_op()
     failures: dict[AttentionGeometry, str] = {}
     for geo, variant, _, tokens in _plan_cases(device, geometries, dtype):
         if geo in failures:
             continue
+        op = custom_ops.tp_norm_op() if variant.qk_norm_across_heads else custom_ops.functional_op()
         try:
             args, kwargs = op_arguments(variant, dtype, device, tokens)
             op(*args, **kwargs)

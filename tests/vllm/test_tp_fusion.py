@@ -386,3 +386,41 @@ def test_tp2_gloo_ranks_compiled_with_the_pass():
     full["positions"] = full["positions"].clamp(0, MAX_POSITION - 1)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank_main, args=(2, f"{tmp}/rendezvous", full, FULL), nprocs=2, join=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry and warm-up (the worker hook)
+
+
+def _minimax_attention(q_weight_len: int, norm_name: str = "MiniMaxText01RMSNormTP") -> torch.nn.Module:
+    """A module shaped as vLLM's ``MiniMaxM2Attention`` on one rank (4 q / 2 kv heads of 32, R 16)."""
+    norm_cls = type(norm_name, (torch.nn.Module,), {})
+    module = torch.nn.Module()
+    module.attn = torch.nn.Module()
+    module.attn.num_heads, module.attn.num_kv_heads, module.attn.head_size = 4, 2, 32
+    module.rotary_emb = torch.nn.Module()
+    module.rotary_emb.rotary_dim, module.rotary_emb.is_neox_style, module.rotary_emb.head_size = 16, True, 32
+    module.q_norm, module.k_norm = norm_cls(), norm_cls()
+    module.q_norm.weight = torch.nn.Parameter(torch.ones(q_weight_len))
+    module.k_norm.weight = torch.nn.Parameter(torch.ones(64))
+    module.q_norm.variance_epsilon = module.k_norm.variance_epsilon = 1e-6
+    return module
+
+
+def test_module_geometry_reads_the_norm_across_heads():
+    from vllm_ascend_ext.geometry import module_geometry
+
+    assert module_geometry(_minimax_attention(128)) == FULL
+    assert module_geometry(_minimax_attention(128, norm_name="RMSNorm")) == FULL  # by its weight's length
+    assert module_geometry(_minimax_attention(32, norm_name="RMSNorm")) == replace(FULL, qk_norm_across_heads=False)
+
+
+def test_warm_up_runs_the_tp_op_at_tp1(monkeypatch):
+    from vllm_ascend_ext import vllm_integration as vi
+
+    calls = []
+    real = custom_ops.tp_norm_op()
+    monkeypatch.setattr(custom_ops, "tp_norm_op", lambda: lambda *a: calls.append(a) or real(*a))
+    assert vi.warm_up(torch.device("cpu"), [FULL], torch.float32) == {}
+    assert calls and all(tuple(c[1].shape) == (128,) and c[9:] == (1, True) for c in calls)
+    assert "tp_norm" in vi.call_features(FULL, torch.float32)
