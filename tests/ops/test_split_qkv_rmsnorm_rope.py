@@ -224,9 +224,10 @@ def test_tile_boundaries(device, poisoned, backend, geometry):
         run_and_check(make_inputs(geometry, tokens, device=device), backend)
 
 
-@pytest.mark.parametrize("spec", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("spec", [m for m in MODELS if not m.qk_norm_across_heads], ids=lambda m: m.name)
 def test_model_table(device, poisoned, spec):
-    """Every model of the table, sharded as far as vLLM runs it (small per-rank sizes), every plan."""
+    """Every model of the table, sharded as far as vLLM runs it (small per-rank sizes), every plan.
+    (MiniMax-M2's norm across heads is another op's: ``test_split_qkv_tp_rmsnorm_rope.py``.)"""
     geometry = spec.shard(max(spec.tp_sizes))
     for backend in BACKENDS:
         run_and_check(make_inputs(geometry, 19, device=device), backend)
