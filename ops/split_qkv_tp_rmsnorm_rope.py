@@ -167,6 +167,19 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     call = validation.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                                                 num_kv_heads, head_dim, eps, tp_size=tp_size, all_reduce=all_reduce,
                                                 is_neox=is_neox)
+    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)
+
+
+def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce=None):
+    """Run a call :func:`.validation.split_qkv_tp_rmsnorm_rope` has passed (the selector in
+    ``vllm_ascend_ext.impl`` validates once, then launches through here): the sums, the
+    all-reduce, the prologue kernel; returns ``(q, k, v)``.
+
+    Raises
+    ------
+    ValueError
+        On CPU tensors without Triton's interpreter.
+    """
     validation.check_runnable(qkv.device)
     sums = partial_sums(call, qkv)
     if call.tp_size > 1 and call.num_tokens > 0:

@@ -307,13 +307,15 @@ def forced(plan_: AscendCPlan):
 #: The op's optional variants (``validation.Call.features``) the kernel serves: mRoPE (``[3, T]``
 #: positions, contiguous or interleaved sections), the gated q (gate copied out), v-norm and
 #: q-only layers (``num_kv_heads == 0``). Not the paged KV-cache write (``"kv_cache"``, the op
-#: ``split_qkv_rmsnorm_rope_kv_cache``): only the Triton op serves it, and a forced AscendC call is
-#: refused naming it.
+#: ``split_qkv_rmsnorm_rope_kv_cache``) nor the norm across heads and TP ranks (``"tp_norm"``,
+#: ``split_qkv_tp_rmsnorm_rope``): only the Triton op serves them, and a forced AscendC call is
+#: refused naming them.
 SERVED_FEATURES = frozenset({"mrope", "q_gate", "v_norm", "q_only"})
 #: How a refusal names each variant.
 FEATURE_NAMES = {"mrope": "mRoPE ([3, T] positions)", "q_gate": "q_gate (the gated q)",
                  "v_norm": "v_norm (Gemma-4's v-norm)", "q_only": "q-only layers (num_kv_heads=0)",
-                 "kv_cache": "kv_cache (the paged KV-cache write)"}
+                 "kv_cache": "kv_cache (the paged KV-cache write)",
+                 "tp_norm": "tp_norm (the q/k norm across heads and TP ranks)"}
 
 
 def unsupported_reason(

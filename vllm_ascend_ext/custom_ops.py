@@ -276,11 +276,9 @@ def tp_all_reduce(tp_size: int):
 
 def _tp_norm_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
                   tp_size, is_neox):
-    from .ops import split_qkv_tp_rmsnorm_rope
-
-    q, k, _ = split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                                        num_kv_heads, head_dim, eps, tp_size=tp_size,
-                                        all_reduce=tp_all_reduce(tp_size), is_neox=is_neox)
+    q, k, _ = impl.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
+                                             num_kv_heads, head_dim, eps, tp_size=tp_size,
+                                             all_reduce=tp_all_reduce(tp_size), is_neox=is_neox)
     return q, k
 
 

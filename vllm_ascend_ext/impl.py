@@ -20,10 +20,12 @@ GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, a
 mRoPE, gated q, v-norm and q-only layers (``ascendc.SERVED_FEATURES``); it needs the
 CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
 op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
-It does not serve the paged KV-cache write (feature ``"kv_cache"``): the Triton op alone runs
-``split_qkv_rmsnorm_rope_kv_cache``, and ``ascendc`` refuses it by name.
+It does not serve the paged KV-cache write (feature ``"kv_cache"``) or the q/k norm across heads
+and TP ranks (``"tp_norm"``): the Triton op alone runs ``split_qkv_rmsnorm_rope_kv_cache`` and
+``split_qkv_tp_rmsnorm_rope``, and ``ascendc`` refuses them by name.
 
-:func:`split_qkv_rmsnorm_rope` and :func:`split_qkv_rmsnorm_rope_kv_cache` are what the custom
+:func:`split_qkv_rmsnorm_rope`, :func:`split_qkv_rmsnorm_rope_kv_cache` and
+:func:`split_qkv_tp_rmsnorm_rope` are what the custom
 ops (:mod:`vllm_ascend_ext.custom_ops`) run: the Triton ops' signatures, validated by the op's
 one validator, then routed per call (:func:`_choose`) from tensor metadata only (no device
 access, no host sync).
@@ -51,6 +53,7 @@ __all__ = [
     "requested_impl",
     "split_qkv_rmsnorm_rope",
     "split_qkv_rmsnorm_rope_kv_cache",
+    "split_qkv_tp_rmsnorm_rope",
     "triton_unavailable_reason",
 ]
 
@@ -308,3 +311,29 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
 
     return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias, key_cache=key_cache,
                   value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+
+def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
+                              head_dim, eps=1e-6, *, tp_size=1, all_reduce=None, is_neox=True):
+    """The q/k norm across heads and TP ranks (MiniMax-M2), routed by :func:`choose_impl`.
+
+    Parameters and results are those of :func:`vllm_ascend_ext.ops.split_qkv_tp_rmsnorm_rope`.
+    Validated once, then routed: the call's features include ``"tp_norm"``, which only the Triton
+    op serves (``VLLM_ASCEND_EXT_IMPL=ascendc`` raises naming it).
+
+    Raises
+    ------
+    ValueError
+        On a bad argument, naming it; on an invalid ``VLLM_ASCEND_EXT_IMPL``.
+    RuntimeError
+        When no implementation can serve the call (with ``ascendc``: always, naming ``tp_norm``).
+    """
+    call = validation.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
+                                                num_kv_heads, head_dim, eps, tp_size=tp_size, all_reduce=all_reduce,
+                                                is_neox=is_neox)
+    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight), "split_qkv_tp_rmsnorm_rope")
+    if choice.impl != "triton":  # choose_impl returns AscendC only for features it serves
+        raise RuntimeError(f"split_qkv_tp_rmsnorm_rope: {choice.impl} cannot serve the norm across TP ranks")
+    from .ops.split_qkv_tp_rmsnorm_rope import launch  # the call is validated: launch it as it is
+
+    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)

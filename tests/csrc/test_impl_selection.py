@@ -383,3 +383,35 @@ def test_kv_cache_selector_validates_before_choosing(monkeypatch, host_sim, mode
     with pytest.raises(ValueError, match=match):
         impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
     assert untouched()
+
+
+def _tp_call() -> dict:
+    """A tp_size=1 call of split_qkv_tp_rmsnorm_rope (its full layer is one rank's)."""
+    from vllm_ascend_ext.ops.models import AttentionGeometry
+    from vllm_ascend_ext.ops.reference import make_tp_inputs
+
+    args = make_tp_inputs(AttentionGeometry(4, 2, 64, 32, qk_norm_across_heads=True), 5,
+                          generator=torch.Generator().manual_seed(3))
+    return dict(args, tp_size=1)
+
+
+def test_ascendc_names_the_tp_norm_it_does_not_serve(monkeypatch):
+    """Forced AscendC: the norm across TP ranks is refused naming ``tp_norm``, before anything runs."""
+    from vllm_ascend_ext import ascendc
+
+    assert "tp_norm" not in ascendc.SERVED_FEATURES
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    kwargs = _tp_call()
+    with pytest.raises(RuntimeError, match=r"does not serve tp_norm \(the q/k norm across heads and TP ranks\)"):
+        impl.split_qkv_tp_rmsnorm_rope(**kwargs)
+
+
+def test_auto_runs_the_tp_norm_on_triton(monkeypatch):
+    """auto: the selector's call is the Triton op's, bit for bit."""
+    from vllm_ascend_ext.ops import split_qkv_tp_rmsnorm_rope
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = _tp_call()
+    want = split_qkv_tp_rmsnorm_rope(**kwargs)
+    got = impl.split_qkv_tp_rmsnorm_rope(**kwargs)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
