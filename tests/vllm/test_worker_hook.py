@@ -511,6 +511,8 @@ VALID = {
     settings.BUILD_ASCENDC: ("no", False),
     settings.MSPROF_SCRIPT: ("/opt/msprof.sh", Path("/opt/msprof.sh")),
     settings.TEST_DEVICE: ("CPU", "cpu"),
+    settings.KV_CACHE_FUSION: ("Off", False),
+    settings.ASCEND_KV_UPDATE: ("yes", True),
 }
 
 
