@@ -50,6 +50,10 @@ from .ops.tiling import PlanBase
 __all__ = [
     "AscendCPlan",
     "INPLACE_OP_NAME",
+    "KV_CACHE_DTYPES",
+    "KV_INPLACE_OP_NAME",
+    "KV_LAYOUTS",
+    "KV_OP_NAME",
     "MAX_HEAD_DIM",
     "OP_NAME",
     "SERVED_FEATURES",
@@ -59,9 +63,12 @@ __all__ = [
     "library_path",
     "library_status",
     "load_npu_library",
+    "kv_schemas",
     "make_impl",
+    "make_kv_impl",
     "plan",
     "split_qkv_rmsnorm_rope",
+    "split_qkv_rmsnorm_rope_kv_cache",
     "tiling",
     "ub_buffers",
     "unsupported_reason",
@@ -78,6 +85,9 @@ LIBRARY_NAME = "libvllm_ascend_ext_ascendc.so"
 
 OP_NAME = "split_qkv_rmsnorm_rope_ascendc"
 INPLACE_OP_NAME = OP_NAME + "_"
+#: The AscendC twin of ``split_qkv_rmsnorm_rope_kv_cache`` (functional, and ``_`` in place).
+KV_OP_NAME = "split_qkv_rmsnorm_rope_kv_cache_ascendc"
+KV_INPLACE_OP_NAME = KV_OP_NAME + "_"
 
 # --- mirror of split_qkv_rmsnorm_rope_tiling.h -------------------------------------------------
 FLAG_NEOX = 1 << 0
@@ -90,6 +100,12 @@ FLAG_MROPE = 1 << 6
 FLAG_MROPE_INTERLEAVED = 1 << 7
 FLAG_Q_GATE = 1 << 8
 FLAG_V_NORM = 1 << 9
+FLAG_KV_CACHE = 1 << 10
+FLAG_KV_NZ = 1 << 11
+FLAG_KV_INT8 = 1 << 12
+FLAG_KV_PER_CHANNEL = 1 << 13
+FLAG_KV_OUT = 1 << 14
+FLAG_SLOT_INT64 = 1 << 15
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 # Kernel constants (split_qkv_rmsnorm_rope_kernel.cpp, namespace sqrr).
@@ -114,6 +130,17 @@ class Tiling(ctypes.Structure):
         ("positionAxisStride", ctypes.c_uint64),
         ("gateOutRowStride", ctypes.c_uint64),
         ("vOutRowStride", ctypes.c_uint64),
+        ("kCacheBlockStride", ctypes.c_uint64),
+        ("kCacheSlotStride", ctypes.c_uint64),
+        ("kCacheHeadStride", ctypes.c_uint64),
+        ("kCacheOffset", ctypes.c_uint64),
+        ("vCacheBlockStride", ctypes.c_uint64),
+        ("vCacheSlotStride", ctypes.c_uint64),
+        ("vCacheHeadStride", ctypes.c_uint64),
+        ("vCacheOffset", ctypes.c_uint64),
+        ("kvChunkStride", ctypes.c_uint64),
+        ("kCacheElems", ctypes.c_uint64),
+        ("vCacheElems", ctypes.c_uint64),
         ("numTokens", ctypes.c_uint32),
         ("numQHeads", ctypes.c_uint32),
         ("numKvHeads", ctypes.c_uint32),
@@ -133,6 +160,8 @@ class Tiling(ctypes.Structure):
         ("mropeSectionH", ctypes.c_uint32),
         ("mropeSectionW", ctypes.c_uint32),
         ("ubBytes", ctypes.c_uint32),
+        ("kvBlockSize", ctypes.c_uint32),
+        ("kvChunkWidth", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
     ]
 
@@ -188,6 +217,7 @@ class AscendCPlan(PlanBase):
 def ub_buffers(
     head_dim: int, rotary_dim: int, block_tokens: int, block_heads: int, elem_bytes: int, cache_bytes: int,
     *, q_weight: bool, k_weight: bool, q_bias: bool, k_bias: bool, v_norm: bool = False, mrope: bool = False,
+    kv_int8: bool = False, kv_per_channel: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """The UB the AscendC kernel allocates per vector core, as ``(name, bytes)`` in allocation order.
 
@@ -197,7 +227,12 @@ def ub_buffers(
     ``v_norm`` needs the norm's buffers even without a q/k weight; ``mrope`` copies three cache
     rows per token (one per position axis), stages them in fp32 and gathers each token's row
     through one more offset table. The gated q needs no buffer of its own (its gate tiles reuse
-    the q/k tile buffers).
+    the q/k tile buffers). The KV-cache write of a cache in qkv's dtype needs none either (the
+    y-out tile is what is stored); an int8 cache (``kv_int8``) adds the int8 tile (double
+    buffered, a head every ``align32(D)`` bytes so each head's copy-out starts 32-byte aligned),
+    its fp16 staging (fp32 -> fp16 -> int8, each exact on the clamped integers) and one fp32 scale
+    row of ``block_heads`` heads (``kv_per_channel``: a copy-in queue of the tile's heads'
+    scales; per tensor: the scale duplicated). Slots are read by the scalar unit from GM: no UB.
     """
     dp = padded_head_dim(head_dim)
     pitch = block_heads * dp
@@ -231,6 +266,13 @@ def ub_buffers(
             ("ones fp32", 1, sums),
             ("ReduceSum scratch fp32", 1, WORK_FLOATS * FP32),
         ]
+    if kv_int8:
+        items += [
+            ("KV int8 tile out x2", BUFFER_NUM, block_tokens * block_heads * _align(head_dim, UB_ALIGN)),
+            ("KV int8 fp16 staging", 1, block_tokens * pitch * 2),
+            (f"KV scale row fp32 ({'per channel, copied in' if kv_per_channel else 'per tensor'})", 1,
+             pitch * FP32),
+        ]
     for name, present in (("q weight", q_weight), ("k weight", k_weight), ("q bias", q_bias), ("k bias", k_bias)):
         if present:
             items.append((f"{name} per head fp32", 1, pitch * FP32))
@@ -245,13 +287,17 @@ def plan(
     num_q_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int, elem_bytes: int, cache_bytes: int,
     *, q_weight: bool = True, k_weight: bool = True, q_bias: bool = False, k_bias: bool = False,
     is_neox: bool = True, q_gate: bool = False, v_norm: bool = False, mrope: bool = False,
+    kv_cache: bool = False, kv_int8: bool = False, kv_per_channel: bool = False,
     device_index: int | None = None,
 ) -> AscendCPlan:
     """The AscendC plan for one layer geometry, derived from the Triton op's Ascend plan.
 
     ``block_heads`` and the grid come unchanged from ``vllm_ascend_ext.ops.tiling.ascend.plan``
     for the same :class:`~vllm_ascend_ext.ops.tiling.KernelShape` (its ``q_gate`` and ``v_norm``
-    add head blocks: the gate's as q's, v's as k's; ``mrope`` is ``[3, T]`` positions);
+    add head blocks: the gate's as q's, v's as k's; so does ``kv_cache``, the cache write of
+    ``split_qkv_rmsnorm_rope_kv_cache``, whose v tiles are copied or normalised into the value
+    cache; ``mrope`` is ``[3, T]`` positions; ``kv_int8`` and ``kv_per_channel`` add the int8
+    cache's buffers);
     ``block_tokens`` starts at that plan's and is halved while :func:`ub_buffers` exceeds the
     same budget (``ops.tiling.ascend.ub_budget``). ``is_neox`` picks the Triton plan the op
     itself would launch for that rotary style.
@@ -267,10 +313,11 @@ def plan(
 
     facts = ascend_facts(device_index)
     shape = KernelShape(num_q_heads, num_kv_heads, head_dim, rotary_dim, elem_bytes, cache_bytes, is_neox,
-                        q_gate=q_gate, v_norm=v_norm, mrope=mrope)
+                        q_gate=q_gate, v_norm=v_norm, mrope=mrope, kv_cache=kv_cache)
     base = ascend_tiling.plan(shape, facts)
     budget = ascend_tiling.ub_budget(facts)
-    flags = dict(q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, v_norm=v_norm, mrope=mrope)
+    flags = dict(q_weight=q_weight, k_weight=k_weight, q_bias=q_bias, k_bias=k_bias, v_norm=v_norm, mrope=mrope,
+                 kv_int8=kv_cache and kv_int8, kv_per_channel=kv_cache and kv_int8 and kv_per_channel)
 
     def buffers(tokens: int) -> tuple[tuple[str, int], ...]:
         return ub_buffers(head_dim, rotary_dim, tokens, base.block_heads, elem_bytes, cache_bytes, **flags)
@@ -305,12 +352,19 @@ def forced(plan_: AscendCPlan):
 
 
 #: The op's optional variants (``validation.Call.features``) the kernel serves: mRoPE (``[3, T]``
-#: positions, contiguous or interleaved sections), the gated q (gate copied out), v-norm and
-#: q-only layers (``num_kv_heads == 0``). Not the paged KV-cache write (``"kv_cache"``, the op
-#: ``split_qkv_rmsnorm_rope_kv_cache``) nor the norm across heads and TP ranks (``"tp_norm"``,
-#: ``split_qkv_tp_rmsnorm_rope``): only the Triton op serves them, and a forced AscendC call is
-#: refused naming them.
-SERVED_FEATURES = frozenset({"mrope", "q_gate", "v_norm", "q_only"})
+#: positions, contiguous or interleaved sections), the gated q (gate copied out), v-norm, q-only
+#: layers (``num_kv_heads == 0``) and the paged KV-cache write (``"kv_cache"``, the op
+#: ``split_qkv_rmsnorm_rope_kv_cache``) in the layouts :data:`KV_LAYOUTS` with the cache dtypes
+#: :data:`KV_CACHE_DTYPES` says (:func:`unsupported_reason` names any other). Not the norm across
+#: heads and TP ranks (``"tp_norm"``, ``split_qkv_tp_rmsnorm_rope``): only the Triton op serves
+#: it, and a forced AscendC call is refused naming it.
+SERVED_FEATURES = frozenset({"mrope", "q_gate", "v_norm", "q_only", "kv_cache"})
+#: The KV-cache layouts the kernel writes (``ops/kv_cache.py``): vllm-ascend's ND and fractal NZ.
+#: ``hnd`` and ``cpu_vec`` stay with the Triton op.
+KV_LAYOUTS = ("nhd", "nz")
+#: KV-cache dtypes the kernel writes besides qkv's own dtype: int8 (per tensor or per channel).
+#: fp8 caches stay with the Triton op (and are CUDA-only there).
+KV_CACHE_DTYPES = (torch.int8,)
 #: How a refusal names each variant.
 FEATURE_NAMES = {"mrope": "mRoPE ([3, T] positions)", "q_gate": "q_gate (the gated q)",
                  "v_norm": "v_norm (Gemma-4's v-norm)", "q_only": "q-only layers (num_kv_heads=0)",
@@ -321,6 +375,7 @@ FEATURE_NAMES = {"mrope": "mRoPE ([3, T] positions)", "q_gate": "q_gate (the gat
 def unsupported_reason(
     dtype: torch.dtype, head_dim: int, *, weight_dtypes: tuple[torch.dtype, ...] = (),
     cache_dtype: torch.dtype | None = None, features: frozenset[str] = frozenset(),
+    kv_cache: validation.KVCacheWrite | None = None, kv_dtype: torch.dtype | None = None,
 ) -> str | None:
     """Why the AscendC kernel cannot serve a call (``None`` when it can).
 
@@ -328,7 +383,10 @@ def unsupported_reason(
     counts and even ``head_dim <= 256``, and the variants :data:`SERVED_FEATURES` (``features``
     is the call's ``validation.Call.features``; any other variant is refused by name); weights
     and biases must have qkv's dtype, the cache may be bf16, fp16 or fp32. The Triton op also
-    takes fp32 qkv, weights of another dtype and ``head_dim`` up to 512.
+    takes fp32 qkv, weights of another dtype and ``head_dim`` up to 512. With the KV-cache write
+    (``kv_cache``, the validated ``Call.kv_cache``, and ``kv_dtype``, the caches' dtype) the
+    layout must be one of :data:`KV_LAYOUTS` and the cache qkv's dtype or int8: the Triton op also
+    writes ``hnd``, ``cpu_vec``, fp32/mixed float caches and fp8.
     """
     unserved = sorted(set(features) - SERVED_FEATURES)
     if unserved:
@@ -343,6 +401,13 @@ def unsupported_reason(
             return f"the AscendC kernel needs weights/biases in qkv's dtype {dtype}, got {wd}"
     if cache_dtype is not None and cache_dtype not in CACHE_DTYPES:
         return f"the AscendC kernel supports a bf16/fp16/fp32 cos_sin_cache, not {cache_dtype}"
+    if kv_cache is not None:
+        if kv_cache.layout not in KV_LAYOUTS:
+            return (f"the AscendC kernel does not write cache_layout={kv_cache.layout!r} (it writes "
+                    f"{', '.join(KV_LAYOUTS)}); the Triton op does")
+        if kv_dtype is not None and kv_dtype != dtype and kv_dtype not in KV_CACHE_DTYPES:
+            return (f"the AscendC kernel does not write a {kv_dtype} KV cache (it writes qkv's dtype {dtype} "
+                    f"and int8); the Triton op does")
     return None
 
 
@@ -367,11 +432,36 @@ def _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, nu
     return call
 
 
+def _span(t: torch.Tensor) -> int:
+    """Elements from a view's first to its last, inclusive (its ``GlobalTensor`` size)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+def _kv_fields(kv: validation.KVCacheWrite | None, key_cache, value_cache, slot_mapping) -> tuple[int, dict]:
+    """The tiling's KV-cache flags and fields, from the validator's ``Call.kv_cache`` (its
+    ``ops/kv_cache.py`` descriptors, never re-derived here); zeros without the cache write."""
+    if kv is None:
+        return 0, {}
+    from .ops import kv_cache as kv_layouts
+
+    ks, vs = kv.key_strides, kv.value_strides
+    flags = FLAG_KV_CACHE | (FLAG_KV_NZ if ks.chunk_width else 0) | (FLAG_KV_OUT if kv.return_kv else 0)
+    if kv.quant == kv_layouts.QUANT_INT8:
+        flags |= FLAG_KV_INT8 | (FLAG_KV_PER_CHANNEL if kv.per_channel else 0)
+    flags |= FLAG_SLOT_INT64 if slot_mapping.dtype == torch.int64 else 0
+    return flags, dict(
+        kCacheBlockStride=ks.block, kCacheSlotStride=ks.slot, kCacheHeadStride=ks.head, kCacheOffset=ks.offset,
+        vCacheBlockStride=vs.block, vCacheSlotStride=vs.slot, vCacheHeadStride=vs.head, vCacheOffset=vs.offset,
+        kvChunkStride=ks.chunk, kCacheElems=_span(key_cache), vCacheElems=_span(value_cache),
+        kvBlockSize=ks.block_size, kvChunkWidth=ks.chunk_width)
+
+
 def tiling(
-    call: validation.Call, qkv: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor,
+    call: validation.Call, qkv: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor | None,
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, v_out: torch.Tensor | None = None,
-    gate_out: torch.Tensor | None = None, plan_override: AscendCPlan | None = None,
-    device_index: int | None = None,
+    gate_out: torch.Tensor | None = None, key_cache: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
+    plan_override: AscendCPlan | None = None, device_index: int | None = None,
 ) -> tuple[Tiling, int, AscendCPlan]:
     """The tiling struct and block count for one launch (host-side only: no device access).
 
@@ -380,10 +470,14 @@ def tiling(
     call : vllm_ascend_ext.ops.validation.Call
         The validated call (geometry, features, ``eps``, ``weight_offset``).
     qkv, q_out, k_out, cos_sin_cache, positions : torch.Tensor
-        The launch's tensors (their strides go into the struct).
+        The launch's tensors (their strides go into the struct); ``k_out`` is ``None`` when k is
+        not written (the cache write without ``return_kv``).
     v_out, gate_out : torch.Tensor, optional
-        The v output (``call.v_norm``) and the gate output (``call.q_gate``); their row strides
-        go into the struct.
+        The v output (``call.v_norm``, and with the cache write ``return_kv``) and the gate
+        output (``call.q_gate``); their row strides go into the struct.
+    key_cache, value_cache, slot_mapping : torch.Tensor, optional
+        The cache write's tensors (``call.kv_cache``): the caches' spans and the slots' dtype go
+        into the struct, the layout's strides come from ``call.kv_cache``.
     plan_override : AscendCPlan, optional
         A plan to use instead of :func:`plan`'s (tests force tile shapes with it, as does
         :func:`forced`).
@@ -399,32 +493,35 @@ def tiling(
     plan : AscendCPlan
         The plan it came from.
     """
-    shape = call.shape
+    shape, kv = call.shape, call.kv_cache
+    kv_flags, kv_fields = _kv_fields(kv, key_cache, value_cache, slot_mapping)
     p = plan_override or _forced_plan[0] or plan(
         shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim, shape.elem_bytes,
         shape.cache_bytes, q_weight=call.q_norm, k_weight=call.k_norm, q_bias=call.q_bias, k_bias=call.k_bias,
         is_neox=shape.is_neox, q_gate=shape.q_gate, v_norm=shape.v_norm, mrope=shape.mrope,
-        device_index=device_index,
+        kv_cache=kv is not None, kv_int8=bool(kv_flags & FLAG_KV_INT8),
+        kv_per_channel=bool(kv_flags & FLAG_KV_PER_CHANNEL), device_index=device_index,
     )
     flags = (FLAG_NEOX if shape.is_neox else 0) | (FLAG_Q_WEIGHT if call.q_norm else 0)
     flags |= (FLAG_K_WEIGHT if call.k_norm else 0) | (FLAG_Q_BIAS if call.q_bias else 0)
     flags |= (FLAG_K_BIAS if call.k_bias else 0) | (FLAG_POS_INT64 if positions.dtype == torch.int64 else 0)
     flags |= (FLAG_MROPE if shape.mrope else 0) | (FLAG_MROPE_INTERLEAVED if call.mrope_interleaved else 0)
-    flags |= (FLAG_Q_GATE if shape.q_gate else 0) | (FLAG_V_NORM if shape.v_norm else 0)
+    flags |= (FLAG_Q_GATE if shape.q_gate else 0) | (FLAG_V_NORM if shape.v_norm else 0) | kv_flags
     section = call.mrope_section if shape.mrope else (0, 0, 0)
     t = Tiling(
-        qkvRowStride=qkv.stride(0), qOutRowStride=q_out.stride(0), kOutRowStride=k_out.stride(0),
+        qkvRowStride=qkv.stride(0), qOutRowStride=q_out.stride(0),
+        kOutRowStride=k_out.stride(0) if k_out is not None else 0,
         cacheRowStride=cos_sin_cache.stride(0), positionStride=positions.stride(-1),
         positionAxisStride=positions.stride(0) if shape.mrope else 0,
         gateOutRowStride=gate_out.stride(0) if shape.q_gate else 0,
-        vOutRowStride=v_out.stride(0) if shape.v_norm else 0,
+        vOutRowStride=v_out.stride(0) if v_out is not None else 0,
         numTokens=call.num_tokens, numQHeads=shape.num_q_heads, numKvHeads=shape.num_kv_heads,
         headDim=shape.head_dim, headDimPadded=padded_head_dim(shape.head_dim), rotaryDim=shape.rotary_dim,
         maxPosition=cos_sin_cache.shape[0], blockTokens=p.block_tokens, blockHeads=p.block_heads,
         numTiles=p.num_tiles(shape, call.num_tokens), flags=flags,
         dtype=DTYPE_CODES[qkv.dtype], cacheDtype=DTYPE_CODES[cos_sin_cache.dtype],
         eps=call.eps, weightOffset=call.weight_offset, mropeSectionT=section[0], mropeSectionH=section[1],
-        mropeSectionW=section[2], ubBytes=p.ub_capacity, reserved=0,
+        mropeSectionW=section[2], ubBytes=p.ub_capacity, reserved=0, **kv_fields,
     )
     return t, p.grid(shape, call.num_tokens), p
 
@@ -512,6 +609,178 @@ def make_impl(launch, inplace: bool):
     return impl
 
 
+# --- split_qkv_rmsnorm_rope_kv_cache --------------------------------------------------------------
+def kv_schemas() -> tuple[str, str]:
+    """The AscendC KV-cache ops' schemas: the custom op's (``custom_ops.KV_CACHE_SCHEMA``, the one
+    spelling) under :data:`KV_OP_NAME`, and in place (``qkv`` mutable, nothing returned) under
+    :data:`KV_INPLACE_OP_NAME`."""
+    base = custom_ops.KV_CACHE_SCHEMA
+    prefix = f"{custom_ops.KV_CACHE_OP_NAME}(Tensor qkv"
+    assert base.startswith(prefix)
+    functional = KV_OP_NAME + base[len(custom_ops.KV_CACHE_OP_NAME):]
+    inplace = f"{KV_INPLACE_OP_NAME}(Tensor(c!) qkv" + base[len(prefix):].rsplit(" -> ", 1)[0] + " -> ()"
+    return functional, inplace
+
+
+for _schema in kv_schemas():
+    _lib.define(_schema)
+
+
+def _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
+                 num_q_heads, num_kv_heads, head_dim, eps, *, cache_layout, k_scale, v_scale, return_kv,
+                 fake: bool = False, **prologue) -> validation.Call:
+    """The KV-cache op's one validator (``custom_ops.validate_kv_cache_fake``'s form in fakes, which
+    takes ``value_cache=None`` for a one-tensor layout), then the kernel's limits by name: the
+    layout, the cache dtype and the variants."""
+    if fake:
+        call = custom_ops.validate_kv_cache_fake(
+            qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+            num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
+            return_kv=return_kv, **prologue)
+    else:
+        call = validation.split_qkv_rmsnorm_rope_kv_cache(
+            qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+            num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
+            return_kv=return_kv, **prologue)
+    weights = tuple(t.dtype for t in (q_weight, k_weight, prologue.get("q_bias"), prologue.get("k_bias"))
+                    if t is not None)
+    reason = unsupported_reason(qkv.dtype, call.shape.head_dim, weight_dtypes=weights,
+                                cache_dtype=cos_sin_cache.dtype, features=call.features, kv_cache=call.kv_cache,
+                                kv_dtype=key_cache.dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    return call
+
+
+def _kv_outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, ...]:
+    """What the KV-cache kernel writes besides the caches, ``(q, k, v, gate)``: as
+    ``custom_ops.fake_outputs(..., return_kv=...)`` sizes them (k ``[T, Hkv*D]`` only with
+    ``return_kv``, v only with ``return_kv`` and ``v_norm``), new or (in place) qkv's columns."""
+    return_kv = call.kv_cache.return_kv
+    if not call.inplace:
+        return custom_ops.fake_outputs(qkv, call.shape, return_kv=return_kv)
+    shape, tokens = call.shape, qkv.shape[0]
+    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    empty = qkv.new_empty((tokens, 0))
+    k = qkv[:, q_cols:q_cols + kv_cols] if return_kv else empty
+    v = qkv[:, q_cols + kv_cols:q_cols + 2 * kv_cols] if return_kv and shape.v_norm else empty
+    return qkv[:, :q_cols], k, v, qkv.new_empty((tokens, 0))
+
+
+def _kv_fake(inplace: bool):
+    def fake(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+             num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
+             **prologue):
+        call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                            slot_mapping, num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout,
+                            k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, inplace=inplace, fake=True,
+                            **prologue)
+        return None if inplace else custom_ops.fake_outputs(qkv, call.shape, return_kv=return_kv)
+
+    return fake
+
+
+torch.library.register_fake(f"{custom_ops.NAMESPACE}::{KV_OP_NAME}", _kv_fake(False), lib=_lib)
+torch.library.register_fake(f"{custom_ops.NAMESPACE}::{KV_INPLACE_OP_NAME}", _kv_fake(True), lib=_lib)
+
+
+def make_kv_impl(launch, inplace: bool):
+    """A backend implementation of the functional (or in-place) AscendC KV-cache op around ``launch``.
+
+    Parameters
+    ----------
+    launch : callable
+        ``launch(qkv, q, k, v, gate, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
+        key_cache, value_cache, slot_mapping, k_scale, v_scale, block_dim, tiling)``: runs the
+        kernel with the cache write on ``block_dim`` vector cores (the NPU library's launch op,
+        or the tests' host build); ``k``, ``v`` and ``gate`` are ``None`` where the call does not
+        write them, ``k_scale``/``v_scale`` where the cache is not int8.
+    inplace : bool
+        Build :data:`KV_INPLACE_OP_NAME`'s implementation (q, and k and v with ``return_kv``,
+        written into ``qkv``) rather than :data:`KV_OP_NAME`'s.
+
+    Returns
+    -------
+    callable
+        The implementation, with the KV-cache op's schema as its signature; the functional one
+        returns ``(q, k, v, gate)`` as ``custom_ops.fake_outputs(..., return_kv=return_kv)``
+        sizes them.
+    """
+
+    def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+             num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
+             **prologue):
+        value_cache = custom_ops.value_cache_of(key_cache, value_cache, cache_layout)
+        call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                            slot_mapping, num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout,
+                            k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, inplace=inplace, **prologue)
+        q, k, v, gate = _kv_outputs(qkv, call)
+        if call.num_tokens > 0:
+            k_out = k if return_kv else None
+            v_out = v if return_kv and call.v_norm else None
+            gate_out = gate if call.q_gate else None
+            int8 = key_cache.dtype == torch.int8
+            t, block_dim, _ = tiling(call, qkv, q, k_out, cos_sin_cache, positions, v_out=v_out, gate_out=gate_out,
+                                     key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
+                                     device_index=qkv.device.index if qkv.device.type != "cpu" else None)
+            launch(qkv, q, k_out, v_out, gate_out, cos_sin_cache, positions, q_weight, k_weight,
+                   prologue.get("q_bias"), prologue.get("k_bias"), key_cache, value_cache, slot_mapping,
+                   k_scale if int8 else None, v_scale if int8 else None, block_dim, t)
+            call.mark_written(qkv)
+        return None if inplace else (q, k, v, gate)
+
+    return impl
+
+
+def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
+                                    slot_mapping, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+                                    cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
+                                    is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
+                                    inplace=False, mrope_section=None, mrope_interleaved=False,
+                                    q_gate=False, v_norm=False):
+    """The AscendC twin of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache``: same signature,
+    same results, the same one validator.
+
+    Serves the layouts :data:`KV_LAYOUTS` (``nhd``, ``nz``) with a cache of qkv's dtype (bf16,
+    fp16) or int8 (per tensor or per channel), with every prologue variant the kernel serves and
+    with or without ``return_kv``; anything else is refused naming it (:func:`unsupported_reason`).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q, k, v)``, and the gate with ``q_gate``: k and v ``[T, 0]`` unless ``return_kv``; with
+        it k is new (or qkv's columns in place) and v is the normalised v with ``v_norm``, else a
+        view of qkv's v columns (never read or written but to copy them into the cache).
+
+    Raises
+    ------
+    ValueError
+        On a bad argument (the op's validator) or one beyond the kernel's limits, naming it.
+    """
+    prologue = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
+    call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
+                        num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale,
+                        v_scale=v_scale, return_kv=return_kv, inplace=inplace, **prologue)
+    args = (qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
+            num_kv_heads, head_dim, eps)
+    kwargs = dict(cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, **prologue)
+    shape, tokens = call.shape, qkv.shape[0]
+    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    k_col = shape.num_q_heads * shape.q_head_stride
+    v_view = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
+    if call.inplace:
+        getattr(torch.ops.vllm_ascend_ext, KV_INPLACE_OP_NAME)(*args, **kwargs)
+        q, k, v = qkv[:, :q_cols], qkv[:, k_col:k_col + kv_cols], v_view
+        gate = None
+    else:
+        q, k, v, gate = getattr(torch.ops.vllm_ascend_ext, KV_OP_NAME)(*args, **kwargs)
+        v = v if call.v_norm else v_view
+    if not return_kv:
+        k = v = qkv.new_empty((tokens, 0))
+    return (q, k, v) + ((gate,) if call.q_gate else ())
+
+
 # --- the CANN-built library -------------------------------------------------------------------
 ELF_MAGIC = b"\x7fELF"
 #: ``e_type`` of a shared object (``elf.h``); read at byte 16 of the header.
@@ -588,6 +857,15 @@ def load_npu_library() -> bool:
 
     _lib.impl(OP_NAME, make_impl(launch, False), "PrivateUse1")  # pragma: no cover
     _lib.impl(INPLACE_OP_NAME, make_impl(launch, True), "PrivateUse1")  # pragma: no cover
+    kv_launch_op = torch.ops.vllm_ascend_ext._split_qkv_rmsnorm_rope_kv_cache_ascendc_launch  # pragma: no cover
+
+    def kv_launch(qkv, q, k, v, gate, cache, positions, qw, kw, qb, kb, kc, vc, slots, ks, vs, block_dim,
+                  t):  # pragma: no cover
+        kv_launch_op(qkv, q, k, v, gate, cache, positions, qw, kw, qb, kb, kc, vc, slots, ks, vs, block_dim,
+                     t.words())
+
+    _lib.impl(KV_OP_NAME, make_kv_impl(kv_launch, False), "PrivateUse1")  # pragma: no cover
+    _lib.impl(KV_INPLACE_OP_NAME, make_kv_impl(kv_launch, True), "PrivateUse1")  # pragma: no cover
     return True  # pragma: no cover
 
 

@@ -16,13 +16,15 @@ One decision, in :func:`choose_impl`, driven by ``VLLM_ASCEND_EXT_IMPL`` (read t
     Always the AscendC kernel; ``RuntimeError`` naming the reason when it cannot serve the call.
 
 The AscendC kernel serves bf16/fp16 qkv with weights and biases of the same dtype, NeoX and
-GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, and the variants
-mRoPE, gated q, v-norm and q-only layers (``ascendc.SERVED_FEATURES``); it needs the
-CANN-built library (see :func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton
-op supports more (fp32, mixed weight dtypes, ``head_dim`` up to 512), ``auto`` keeps Triton.
-It does not serve the paged KV-cache write (feature ``"kv_cache"``) or the q/k norm across heads
-and TP ranks (``"tp_norm"``): the Triton op alone runs ``split_qkv_rmsnorm_rope_kv_cache`` and
-``split_qkv_tp_rmsnorm_rope``, and ``ascendc`` refuses them by name.
+GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, the variants
+mRoPE, gated q, v-norm and q-only layers, and the paged KV-cache write
+(``split_qkv_rmsnorm_rope_kv_cache``) into ``nhd`` and ``nz`` caches of qkv's dtype or int8
+(``ascendc.SERVED_FEATURES``, ``ascendc.KV_LAYOUTS``); it needs the CANN-built library (see
+:func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton op supports more (fp32,
+mixed weight dtypes, ``head_dim`` up to 512, the cache layouts ``hnd`` and ``cpu_vec``, fp8 and
+fp32 caches), ``auto`` keeps Triton and ``ascendc`` refuses naming what it cannot serve. The
+q/k norm across heads and TP ranks (``"tp_norm"``, ``split_qkv_tp_rmsnorm_rope``) is the Triton
+op's alone.
 
 :func:`split_qkv_rmsnorm_rope`, :func:`split_qkv_rmsnorm_rope_kv_cache` and
 :func:`split_qkv_tp_rmsnorm_rope` are what the custom
@@ -143,17 +145,21 @@ def _dispatch_key(device: torch.device) -> str:
 def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head_dim: int,
                                weight_dtypes: tuple[torch.dtype, ...] = (),
                                cache_dtype: torch.dtype | None = None,
-                               features: frozenset[str] = frozenset()) -> str | None:
+                               features: frozenset[str] = frozenset(),
+                               kv_cache: validation.KVCacheWrite | None = None,
+                               kv_dtype: torch.dtype | None = None) -> str | None:
     """Why the AscendC kernel cannot serve a call (``None`` when it can).
 
     It needs an implementation for the device's dispatch key (on an NPU: the CANN-built library,
     loaded here on first use) and a call within its feature limits (``features``: the call's
-    :attr:`~vllm_ascend_ext.ops.validation.Call.features`).
+    :attr:`~vllm_ascend_ext.ops.validation.Call.features`; ``kv_cache`` and ``kv_dtype``: the
+    cache write's layout and the caches' dtype). With ``kv_cache`` the op looked up is the
+    AscendC KV-cache op.
     """
     from . import ascendc
 
     reason = ascendc.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
-                                        features=features)
+                                        features=features, kv_cache=kv_cache, kv_dtype=kv_dtype)
     if reason is not None:
         return reason
     key = _dispatch_key(device)
@@ -163,8 +169,8 @@ def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head
             return f"the AscendC library {path} {problem}"
         return (f"the AscendC library {ascendc.LIBRARY_NAME} was not built (no CANN at install time; "
                 f"or set {ascendc.ENV_LIBRARY})")
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(
-            f"vllm_ascend_ext::{ascendc.OP_NAME}", key):
+    op_name = ascendc.KV_OP_NAME if kv_cache is not None else ascendc.OP_NAME
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"vllm_ascend_ext::{op_name}", key):
         return f"the AscendC kernel has no {key} implementation (it runs on Ascend NPUs)"
     return None
 
@@ -177,7 +183,8 @@ def _warn_once(message: str) -> None:
 
 def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key: tuple | None = None,
                 weight_dtypes: tuple[torch.dtype, ...] = (), cache_dtype: torch.dtype | None = None,
-                features: frozenset[str] = frozenset(), op: str = "split_qkv_rmsnorm_rope") -> Choice:
+                features: frozenset[str] = frozenset(), op: str = "split_qkv_rmsnorm_rope",
+                kv_cache: validation.KVCacheWrite | None = None, kv_dtype: torch.dtype | None = None) -> Choice:
     """Pick Triton or AscendC for one call (the one selection function).
 
     Parameters
@@ -199,6 +206,10 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         AscendC kernel those :func:`vllm_ascend_ext.ascendc.unsupported_reason` accepts.
     op : str
         The op's name, for the fallback warning and the error.
+    kv_cache : vllm_ascend_ext.ops.validation.KVCacheWrite, optional
+        The call's cache write (``Call.kv_cache``): its layout decides whether AscendC serves it.
+    kv_dtype : torch.dtype, optional
+        The KV caches' dtype.
 
     Returns
     -------
@@ -219,7 +230,7 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         return Choice("triton", "auto: Triton can serve the call")
     ascendc_reason = ascendc_unavailable_reason(device, dtype=dtype, head_dim=head_dim,
                                                 weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
-                                                features=features)
+                                                features=features, kv_cache=kv_cache, kv_dtype=kv_dtype)
     if mode == "ascendc":
         if ascendc_reason is not None:
             raise RuntimeError(f"{ENV_IMPL}=ascendc, but {ascendc_reason}")
@@ -233,15 +244,31 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
 
 
 def _choose(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, weights: tuple,
-            op: str) -> Choice:
+            op: str, kv_dtype: torch.dtype | None = None) -> Choice:
     """:func:`choose_impl` for a validated ``call`` (``weights``: the weights and biases, ``None``
-    where absent): its features and geometry key from the call, dtypes from the tensors."""
+    where absent; ``kv_dtype``: the KV caches' dtype): its features, cache write and geometry key
+    from the call, dtypes from the tensors."""
     shape = call.shape
     return choose_impl(qkv.device, dtype=qkv.dtype, head_dim=shape.head_dim,
                        weight_dtypes=tuple(t.dtype for t in weights if t is not None),
                        cache_dtype=cos_sin_cache.dtype, features=call.features, op=op,
+                       kv_cache=call.kv_cache, kv_dtype=kv_dtype,
                        key=geometry_key(shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
                                         shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
+
+
+def _route(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, weights: tuple, op: str,
+           triton, ascendc=None, kv_dtype: torch.dtype | None = None):
+    """The routers' one tail: choose for the validated ``call``, then run ``ascendc()`` or
+    ``triton()`` (callables taking nothing). An op with no AscendC twin (``ascendc=None``) gets
+    AscendC from :func:`choose_impl` only if its features were served, which they are not: that
+    would be a bug, refused here rather than run on the wrong kernel."""
+    choice = _choose(call, qkv, cos_sin_cache, weights, op, kv_dtype=kv_dtype)
+    if choice.impl == "ascendc":
+        if ascendc is None:
+            raise RuntimeError(f"{op}: AscendC was chosen but has no implementation of this op")
+        return ascendc()
+    return triton()
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -267,16 +294,20 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
         **features)
-    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias), "split_qkv_rmsnorm_rope")
-    if choice.impl == "ascendc":
+    def ascendc():
         from .ascendc import split_qkv_rmsnorm_rope as op
 
         return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
                   is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
                   **features)
-    from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
 
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+    def triton():
+        from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
+
+        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+
+    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias), "split_qkv_rmsnorm_rope",
+                  triton, ascendc)
 
 
 def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
@@ -287,30 +318,40 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     Parameters and results are those of
     :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`; ``prologue`` are its keyword
     arguments ``is_neox``, ``q_bias``, ``k_bias``, ``weight_offset``, ``inplace`` and the
-    variants. Validated once by the op's one validator, then routed: the call's features include
-    ``"kv_cache"``, which only the Triton op serves, so ``auto`` picks Triton or raises, and
-    ``VLLM_ASCEND_EXT_IMPL=ascendc`` raises naming ``kv_cache`` (never a silent fallback).
+    variants. Validated once by the op's one validator, then routed by :func:`choose_impl` as
+    the prologue is: ``auto`` runs Triton where it can, else the AscendC twin
+    (:func:`vllm_ascend_ext.ascendc.split_qkv_rmsnorm_rope_kv_cache`) where it serves the call
+    (layouts ``nhd``/``nz``, a cache of qkv's dtype or int8); ``VLLM_ASCEND_EXT_IMPL=ascendc`` runs
+    the twin or raises naming the layout or cache dtype it does not write.
 
     Raises
     ------
     ValueError
         On a bad argument, naming it; on an invalid ``VLLM_ASCEND_EXT_IMPL``.
     RuntimeError
-        When no implementation can serve the call (with ``ascendc``: always, naming ``kv_cache``).
+        When no implementation can serve the call (with ``ascendc``: naming what it does not serve).
     """
     call = validation.split_qkv_rmsnorm_rope_kv_cache(
         qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
         num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
         return_kv=return_kv, **prologue)
     q_bias, k_bias = prologue.get("q_bias"), prologue.get("k_bias")
-    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias),
-                     "split_qkv_rmsnorm_rope_kv_cache")
-    if choice.impl != "triton":  # choose_impl returns AscendC only for features it serves
-        raise RuntimeError(f"split_qkv_rmsnorm_rope_kv_cache: {choice.impl} cannot serve the KV-cache write")
-    from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
 
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias, key_cache=key_cache,
-                  value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    def ascendc():
+        from .ascendc import split_qkv_rmsnorm_rope_kv_cache as op
+
+        return op(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
+                  num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale,
+                  v_scale=v_scale, return_kv=return_kv, **prologue)
+
+    def triton():
+        from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
+
+        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias, key_cache=key_cache,
+                      value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias),
+                  "split_qkv_rmsnorm_rope_kv_cache", triton, ascendc, kv_dtype=key_cache.dtype)
 
 
 def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -331,9 +372,9 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     call = validation.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                                                 num_kv_heads, head_dim, eps, tp_size=tp_size, all_reduce=all_reduce,
                                                 is_neox=is_neox)
-    choice = _choose(call, qkv, cos_sin_cache, (q_weight, k_weight), "split_qkv_tp_rmsnorm_rope")
-    if choice.impl != "triton":  # choose_impl returns AscendC only for features it serves
-        raise RuntimeError(f"split_qkv_tp_rmsnorm_rope: {choice.impl} cannot serve the norm across TP ranks")
-    from .ops.split_qkv_tp_rmsnorm_rope import launch  # the call is validated: launch it as it is
+    def triton():
+        from .ops.split_qkv_tp_rmsnorm_rope import launch  # the call is validated: launch it as it is
 
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)
+        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)
+
+    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight), "split_qkv_tp_rmsnorm_rope", triton)

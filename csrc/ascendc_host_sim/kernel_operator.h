@@ -569,10 +569,28 @@ template <typename T, typename U> inline void Cast(const LocalTensor<T>& dst, co
     T* d = detail::VecOperand(dst, count, true, "Cast");
     constexpr bool widen = std::is_same<T, float>::value && (std::is_same<U, half>::value || std::is_same<U, bfloat16_t>::value);
     constexpr bool narrow = std::is_same<U, float>::value && (std::is_same<T, half>::value || std::is_same<T, bfloat16_t>::value);
-    static_assert(widen || narrow, "host sim models Cast between float and half/bfloat16_t only");
+    // half -> int8_t: rounded by the mode (CAST_NONE rounds as CAST_RINT when inexact), overflow
+    // saturated ("溢出默认按照饱和处理"); A2 supports CAST_RINT/FLOOR/CEIL/ROUND/TRUNC/NONE for it
+    // (asc-devkit docs/api/context/Cast.md, table 4). A NaN source is not modelled: it fails here.
+    constexpr bool toInt8 = std::is_same<U, half>::value && std::is_same<T, int8_t>::value;
+    static_assert(widen || narrow || toInt8, "host sim models Cast between float and half/bfloat16_t, and half -> int8_t, only");
     std::vector<T> out(count);
     for (uint32_t i = 0; i < count; ++i) {
-        if constexpr (widen) {
+        if constexpr (toInt8) {
+            const double v = sim::ToFloat(s[i]);
+            double r = 0.0;
+            switch (mode) {
+                case RoundMode::CAST_NONE:
+                case RoundMode::CAST_RINT: r = std::nearbyint(v); break;  // default FE_TONEAREST: half to even
+                case RoundMode::CAST_FLOOR: r = std::floor(v); break;
+                case RoundMode::CAST_CEIL: r = std::ceil(v); break;
+                case RoundMode::CAST_ROUND: r = std::round(v); break;  // half away from zero
+                case RoundMode::CAST_TRUNC: r = std::trunc(v); break;
+                default: sim::Fail("Cast(half -> int8_t): CAST_ODD is not supported for this conversion");
+            }
+            if (std::isnan(r)) sim::Fail("Cast(half -> int8_t): NaN source (not modelled)");
+            out[i] = static_cast<int8_t>(r < -128.0 ? -128.0 : (r > 127.0 ? 127.0 : r));
+        } else if constexpr (widen) {
             if (mode != RoundMode::CAST_NONE) sim::Fail("Cast: widening to float takes RoundMode::CAST_NONE");
             out[i] = sim::ToFloat(s[i]);
         } else {
@@ -618,6 +636,13 @@ ASCENDC_HOST_SIM_BINARY(Div, x[i] / y[i])
     }
 ASCENDC_HOST_SIM_SCALAR(Adds, x[i] + scalar)
 ASCENDC_HOST_SIM_SCALAR(Muls, x[i] * scalar)
+// Maxs / Mins (dst[i] = max(src[i], scalar) / min(...)): asc-devkit
+// include/basic_api/kernel_operator_vec_binary_scalar_intf.h, docs/api/context/Maxs.md,
+// "template <typename T, bool isSetMask = true> void Maxs(const LocalTensor<T>& dst, const
+// LocalTensor<T>& src, const T& scalarValue, const int32_t& count)". A NaN operand's result is not
+// modelled (here it propagates); kernels clamp values they copy out, never NaN padding lanes.
+ASCENDC_HOST_SIM_SCALAR(Maxs, x[i] < scalar ? scalar : x[i])
+ASCENDC_HOST_SIM_SCALAR(Mins, x[i] > scalar ? scalar : x[i])
 #undef ASCENDC_HOST_SIM_SCALAR
 
 template <typename T> inline void Sqrt(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t count) {

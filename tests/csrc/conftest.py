@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from host_sim import OP_DIR, HostSim, build, register_cpu_launch
+from host_sim import HOST_SIM_SOURCE, HostSim, build, register_cpu_launch
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
 def host_sim() -> HostSim:
-    """The kernel's host build, registered as the CPU implementation of the AscendC ops."""
-    sim = HostSim(build(OP_DIR / "split_qkv_rmsnorm_rope_host_sim.cpp", "split_qkv_rmsnorm_rope_host_sim"))
-    register_cpu_launch(sim.launch)
+    """The kernels' host build (both ops), registered as the CPU implementation of the AscendC ops."""
+    sim = HostSim(build(HOST_SIM_SOURCE, "split_qkv_rmsnorm_rope_kv_cache_host_sim"))
+    register_cpu_launch(sim.launch, sim.launch_kv)
     return sim
 
 

@@ -27,19 +27,22 @@ from vllm_ascend_ext.ascendc import Tiling
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "csrc" / "ascendc_host_sim"
 OP_DIR = ROOT / "csrc" / "split_qkv_rmsnorm_rope"
+KV_OP_DIR = ROOT / "csrc" / "split_qkv_rmsnorm_rope_kv_cache"
+#: The host build of both ops: the KV-cache op's host-sim source includes the prologue op's.
+HOST_SIM_SOURCE = KV_OP_DIR / "split_qkv_rmsnorm_rope_kv_cache_host_sim.cpp"
 BUILD_DIR = ROOT / "build" / "host_sim"
 CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared")
 
 
 def build(main: Path, name: str) -> Path:
-    """Compile ``main`` (with the host sim and the op's headers on the include path), cached.
+    """Compile ``main`` (with the host sim and both ops' folders on the include path), cached.
 
-    The cache key hashes the compiler flags and every file under the two csrc folders plus
+    The cache key hashes the compiler flags and every file under the three csrc folders plus
     ``main``, so an edit anywhere rebuilds. Concurrent builds each write a temporary file and
     rename it into place.
     """
     digest = hashlib.sha256(" ".join(CXXFLAGS).encode())
-    for path in sorted([*SIM_DIR.glob("*"), *OP_DIR.glob("*"), main]):
+    for path in sorted([*SIM_DIR.glob("*"), *OP_DIR.glob("*"), *KV_OP_DIR.glob("*"), main]):
         if path.is_file():
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
@@ -50,7 +53,7 @@ def build(main: Path, name: str) -> Path:
     cxx = os.environ.get("CXX") or shutil.which("g++") or "g++"
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *CXXFLAGS, f"-I{SIM_DIR}", f"-I{OP_DIR}", str(main), "-o", tmp]
+    cmd = [cxx, *CXXFLAGS, f"-I{SIM_DIR}", f"-I{OP_DIR}", f"-I{KV_OP_DIR}", str(main), "-o", tmp]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         os.unlink(tmp)
@@ -89,6 +92,10 @@ class HostSim:
         lib.sqrr_sim_launch.argtypes = [ctypes.POINTER(Tiling), ctypes.c_uint32, ctypes.c_uint32] + [
             ctypes.c_void_p
         ] * 11 + [ctypes.c_char_p, ctypes.c_int]
+        lib.sqrr_sim_launch_kv.restype = ctypes.c_int
+        lib.sqrr_sim_launch_kv.argtypes = [ctypes.POINTER(Tiling), ctypes.c_uint32, ctypes.c_uint32] + [
+            ctypes.c_void_p
+        ] * 16 + [ctypes.c_char_p, ctypes.c_int]
         self.lib = lib
         self.regions: dict[str, Region] = {}
         self.ub_peak = 0
@@ -109,6 +116,17 @@ class HostSim:
         ``v`` and ``gate`` are ``None`` unless the call writes them; an output with no elements
         (k of a q-only layer) is registered as nothing (its pointer is never dereferenced).
         """
+        self._run(qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, None, block_dim, tiling)
+
+    def launch_kv(self, qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, key_cache,
+                  value_cache, slot_mapping, k_scale, v_scale, block_dim, tiling):
+        """:meth:`launch` of ``split_qkv_rmsnorm_rope_kv_cache``'s entries: the caches (writable; one
+        region when they view one tensor), the slots and the int8 scales (read-only) registered too.
+        ``k``, ``v``, ``gate`` and the scales are ``None`` where the call does not use them."""
+        kv = (key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        self._run(qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, kv, block_dim, tiling)
+
+    def _run(self, qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, kv, block_dim, tiling):
         self.lib.sqrr_sim_reset_gm()
         self.regions = {}
         inplace = q.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
@@ -118,6 +136,11 @@ class HostSim:
         if not inplace:
             tensors += [("q_out", q, True), ("k_out", k, True), ("v_out", v, True)]
         tensors.append(("gate_out", gate, True))
+        if kv is not None:
+            key_cache, value_cache, slot_mapping, k_scale, v_scale = kv
+            tensors += [("key_cache", key_cache, True), ("value_cache", value_cache, True),
+                        ("slot_mapping", slot_mapping, False), ("k_scale", k_scale, False),
+                        ("v_scale", v_scale, False)]
         for name, t, writable in tensors:
             if t is None or t.numel() == 0:
                 continue
@@ -133,10 +156,13 @@ class HostSim:
         def ptr(t):
             return None if t is None else t.data_ptr()
 
-        rc = self.lib.sqrr_sim_launch(
-            ctypes.byref(tiling), block_dim, ub, ptr(qkv), ptr(q), ptr(k), ptr(v), ptr(gate), ptr(cache),
-            ptr(positions), ptr(q_weight), ptr(k_weight), ptr(q_bias), ptr(k_bias), err, len(err),
-        )
+        common = (ptr(qkv), ptr(q), ptr(k), ptr(v), ptr(gate), ptr(cache), ptr(positions), ptr(q_weight),
+                  ptr(k_weight), ptr(q_bias), ptr(k_bias))
+        if kv is None:
+            rc = self.lib.sqrr_sim_launch(ctypes.byref(tiling), block_dim, ub, *common, err, len(err))
+        else:
+            rc = self.lib.sqrr_sim_launch_kv(ctypes.byref(tiling), block_dim, ub, *common, *map(ptr, kv), err,
+                                             len(err))
         self.ub_peak = self.lib.sqrr_sim_ub_peak()
         self.blocks_run = self.lib.sqrr_sim_blocks_run()
         self.block_dim = block_dim
@@ -162,21 +188,25 @@ def byte_mask(t: torch.Tensor, region: Region) -> np.ndarray:
     return mask
 
 
-_cpu_launch: list = [None]
+_cpu_launch: list = [None, None]
 _cpu_library: list = []  # the Library holding the CPU registrations, kept alive for the session
 
 
-def register_cpu_launch(launch) -> None:
-    """Register CPU implementations of both AscendC ops around ``launch`` (once; again replaces it).
+def register_cpu_launch(launch, kv_launch) -> None:
+    """Register CPU implementations of the AscendC ops around ``launch`` and ``kv_launch`` (once;
+    again replaces them).
 
     ``launch(qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim,
-    tiling)`` is :meth:`HostSim.launch`; the implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s,
-    the ones the NPU library is registered with.
+    tiling)`` is :meth:`HostSim.launch`, ``kv_launch`` :meth:`HostSim.launch_kv`; the
+    implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s and ``make_kv_impl``'s, the
+    ones the NPU library is registered with.
     """
-    _cpu_launch[0] = launch
+    _cpu_launch[:] = [launch, kv_launch]
     if _cpu_library:
         return
     lib = torch.library.Library("vllm_ascend_ext", "IMPL")
     for name, inplace in ((ascendc.OP_NAME, False), (ascendc.INPLACE_OP_NAME, True)):
         lib.impl(name, ascendc.make_impl(lambda *args: _cpu_launch[0](*args), inplace), "CPU")
+    for name, inplace in ((ascendc.KV_OP_NAME, False), (ascendc.KV_INPLACE_OP_NAME, True)):
+        lib.impl(name, ascendc.make_kv_impl(lambda *args: _cpu_launch[1](*args), inplace), "CPU")
     _cpu_library.append(lib)

@@ -272,19 +272,30 @@ def test_a_recorded_failure_of_one_variant_leaves_the_others_on_triton(monkeypat
                             features=_features(gated)).impl == "ascendc"
 
 
-# --- the KV-cache write (issue 11): the Triton op only ------------------------------------------
-def _kv_call(layout: str = "nhd", tokens: int = 5) -> dict:
+# --- the KV-cache write (issue 11): Triton where it can, else AscendC for nhd/nz, bf16/fp16/int8 ---
+def _kv_call(layout: str = "nhd", tokens: int = 5, dtype=torch.bfloat16, per_channel: bool = False) -> dict:
     """A small call of ``split_qkv_rmsnorm_rope_kv_cache`` (sentinel-filled caches, padding slots)."""
     geometry = AttentionGeometry(4, 2, 64, 64)
     gen = torch.Generator().manual_seed(tokens)
     return {**reference.make_inputs(geometry, tokens, generator=gen),
-            **reference.make_kv_cache(geometry, tokens, cache_layout=layout, block_size=4, generator=gen)}
+            **reference.make_kv_cache(geometry, tokens, cache_layout=layout, block_size=4, dtype=dtype,
+                                      per_channel=per_channel, generator=gen)}
+
+
+def _kv_validated(kwargs: dict):
+    from vllm_ascend_ext.ops import validation
+
+    return validation.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
 
 
 def _kv_features(kwargs: dict) -> frozenset[str]:
-    from vllm_ascend_ext.ops import validation
+    return _kv_validated(kwargs).features
 
-    return validation.split_qkv_rmsnorm_rope_kv_cache(**kwargs).features
+
+def _kv_choice(kwargs: dict) -> impl.Choice:
+    call = _kv_validated(kwargs)
+    return impl.choose_impl(CPU, dtype=kwargs["qkv"].dtype, head_dim=kwargs["head_dim"], features=call.features,
+                            key=_kv_key(kwargs), kv_cache=call.kv_cache, kv_dtype=kwargs["key_cache"].dtype)
 
 
 def _kv_key(kwargs: dict) -> tuple:
@@ -299,13 +310,41 @@ def _untouched(kwargs: dict):
     return lambda: all(torch.equal(kwargs[name], value) for name, value in saved.items())
 
 
-def test_ascendc_names_the_kv_cache_write_it_does_not_serve():
+def _kv_reference(kwargs: dict) -> tuple:
+    """The float64 prologue and caches the call must produce."""
+    prologue = {k: v for k, v in kwargs.items() if k not in ("key_cache", "value_cache", "slot_mapping",
+                                                              "cache_layout", "k_scale", "v_scale")}
+    ref = reference.split_qkv_rmsnorm_rope(**prologue)
+    caches = reference.kv_cache_write(kwargs["key_cache"], kwargs["value_cache"], ref[1], ref[2],
+                                      kwargs["slot_mapping"], kwargs["num_kv_heads"], kwargs["head_dim"],
+                                      cache_layout=kwargs["cache_layout"], k_scale=kwargs["k_scale"],
+                                      v_scale=kwargs["v_scale"])
+    return ref, caches
+
+
+def _ulp_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2.0 ** -126))) - 7)
+    return bool(((got.double() - want).abs() <= ulp).all())
+
+
+def test_ascendc_serves_the_kv_cache_write_and_names_the_rest():
     from vllm_ascend_ext import ascendc
 
-    assert "kv_cache" not in ascendc.SERVED_FEATURES
-    assert _kv_features(_kv_call()) == frozenset({"kv_cache"})
-    assert (ascendc.unsupported_reason(torch.bfloat16, 64, features=frozenset({"kv_cache", "v_norm"}))
-            == "the AscendC kernel does not serve kv_cache (the paged KV-cache write); the Triton op does")
+    assert "kv_cache" in ascendc.SERVED_FEATURES and ascendc.KV_LAYOUTS == ("nhd", "nz")
+    for layout, dtype, per_channel in (("nhd", torch.bfloat16, False), ("nz", torch.bfloat16, False),
+                                       ("nhd", torch.int8, False), ("nz", torch.int8, True)):
+        call = _kv_validated(_kv_call(layout, dtype=dtype, per_channel=per_channel))
+        assert call.features == frozenset({"kv_cache"})
+        assert ascendc.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
+                                          kv_dtype=dtype) is None
+    for layout in ("hnd", "cpu_vec"):
+        call = _kv_validated(_kv_call(layout))
+        assert ascendc.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
+                                          kv_dtype=torch.bfloat16) == (
+            f"the AscendC kernel does not write cache_layout={layout!r} (it writes nhd, nz); the Triton op does")
+    call = _kv_validated(_kv_call(dtype=torch.float8_e4m3fn))
+    assert "does not write a torch.float8_e4m3fn KV cache" in ascendc.unsupported_reason(
+        torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache, kv_dtype=torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("layout", ["nhd", "cpu_vec"])
@@ -316,8 +355,7 @@ def test_auto_runs_the_kv_cache_write_on_triton(monkeypatch, host_sim, layout):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kwargs = _kv_call(layout)
-    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=64, features=_kv_features(kwargs),
-                            key=_kv_key(kwargs)).impl == "triton"
+    assert _kv_choice(kwargs).impl == "triton"
     want_cache = kwargs["key_cache"].clone()
     want = split_qkv_rmsnorm_rope_kv_cache(**{**kwargs, "key_cache": want_cache, "value_cache": (
         want_cache if layout == "cpu_vec" else kwargs["value_cache"].clone())})
@@ -329,25 +367,42 @@ def test_auto_runs_the_kv_cache_write_on_triton(monkeypatch, host_sim, layout):
     assert torch.equal(kwargs["key_cache"], want_cache) and not torch.equal(kwargs["key_cache"], before)
 
 
-def test_forced_ascendc_refuses_the_kv_cache_write_by_name(monkeypatch, host_sim):
-    """VLLM_ASCEND_EXT_IMPL=ascendc: a clear error naming kv_cache, before anything runs (no
-    silent fallback to Triton, nothing written)."""
+@pytest.mark.parametrize("layout,dtype", [("nhd", torch.bfloat16), ("nz", torch.int8)])
+def test_forced_ascendc_runs_the_kv_cache_write(monkeypatch, host_sim, layout, dtype):
+    """VLLM_ASCEND_EXT_IMPL=ascendc: the AscendC kernel (host build) writes the caches, with the
+    reference's numbers (one bf16 ulp; int8 exactly but at a .5 tie, none in this draw)."""
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    kwargs = _kv_call()
+    kwargs = _kv_call(layout, dtype=dtype)
+    ref, caches = _kv_reference(kwargs)
+    host_sim.tiling = None
+    q, k, v = impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert host_sim.tiling is not None and host_sim.tiling.numTokens == 5
+    assert _ulp_close(q, ref[0]) and k.shape == v.shape == (5, 0)
+    for got, want in zip((kwargs["key_cache"], kwargs["value_cache"]), caches, strict=True):
+        assert torch.equal(got.double(), want) if dtype == torch.int8 else _ulp_close(got, want)
+
+
+@pytest.mark.parametrize("layout", ["hnd", "cpu_vec"])
+def test_forced_ascendc_refuses_an_unserved_layout_by_name(monkeypatch, host_sim, layout):
+    """VLLM_ASCEND_EXT_IMPL=ascendc and a layout the kernel does not write: a clear error naming
+    it, before anything runs (no silent fallback to Triton, nothing written)."""
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kwargs = _kv_call(layout)
     untouched = _untouched(kwargs)
     host_sim.tiling = None
-    with pytest.raises(RuntimeError, match=r"^VLLM_ASCEND_EXT_IMPL=ascendc, but the AscendC kernel does not serve "
-                                           r"kv_cache \(the paged KV-cache write\); the Triton op does$"):
+    with pytest.raises(RuntimeError, match=rf"^VLLM_ASCEND_EXT_IMPL=ascendc, but the AscendC kernel does not write "
+                                           rf"cache_layout='{layout}' \(it writes nhd, nz\); the Triton op does$"):
         impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
     assert host_sim.tiling is None and untouched()
 
 
 @pytest.mark.parametrize("why", ["no interpreter", "recorded failure"])
-def test_auto_never_falls_back_to_ascendc_for_the_kv_cache_write(monkeypatch, host_sim, caplog, why):
-    """auto, Triton unusable for the call: the KV-cache op raises with both reasons and its own
-    name, and warns nothing. Without the interpreter the prologue alone falls back to the AscendC
-    kernel; a failure recorded for the KV-cache variant's key leaves the prologue on Triton."""
+def test_auto_falls_back_to_ascendc_for_the_kv_cache_write(monkeypatch, host_sim, caplog, why):
+    """auto, Triton unusable for the call: an nhd/nz write runs on the AscendC kernel (one warning
+    without the interpreter, none for a recorded failure: it was announced when recorded); a
+    layout AscendC does not write raises with both reasons, naming it, and writes nothing."""
     kwargs = _kv_call()
     if why == "no interpreter":
         monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -356,17 +411,26 @@ def test_auto_never_falls_back_to_ascendc_for_the_kv_cache_write(monkeypatch, ho
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         impl.record_triton_failure(_kv_key(kwargs), "ub overflow at compile time")
         reason = "ub overflow at compile time"
-    untouched = _untouched(kwargs)
+    ref, caches = _kv_reference(kwargs)
+    host_sim.tiling = None
     with caplog.at_level(logging.WARNING, logger="vllm_ascend_ext"):
-        with pytest.raises(RuntimeError, match=rf"^split_qkv_rmsnorm_rope_kv_cache: Triton cannot serve this call "
-                                               rf"\(.*{reason}.*\) and neither can the AscendC kernel \(.*does not "
-                                               rf"serve kv_cache"):
-            impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
-    assert caplog.records == [] and untouched()
-    prologue = {k: v for k, v in kwargs.items() if k not in ("key_cache", "value_cache", "slot_mapping",
-                                                              "cache_layout", "k_scale", "v_scale")}
-    assert impl.choose_impl(CPU, dtype=torch.bfloat16, head_dim=64, key=_key(prologue)).impl == (
-        "ascendc" if why == "no interpreter" else "triton")
+        q, _, _ = impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+        impl.split_qkv_rmsnorm_rope_kv_cache(**kwargs)
+    assert host_sim.tiling is not None and _ulp_close(q, ref[0]) and _ulp_close(kwargs["key_cache"], caches[0])
+    warnings = [r.message for r in caplog.records]
+    assert len(warnings) == (1 if why == "no interpreter" else 0)
+    assert all("split_qkv_rmsnorm_rope_kv_cache falls back to the AscendC kernel" in m for m in warnings)
+
+    hnd = _kv_call("hnd")
+    if why == "recorded failure":
+        impl.record_triton_failure(_kv_key(hnd), "ub overflow at compile time")
+    untouched = _untouched(hnd)
+    host_sim.tiling = None
+    with pytest.raises(RuntimeError, match=rf"^split_qkv_rmsnorm_rope_kv_cache: Triton cannot serve this call "
+                                           rf"\(.*{reason}.*\) and neither can the AscendC kernel \(.*does not "
+                                           rf"write cache_layout='hnd'"):
+        impl.split_qkv_rmsnorm_rope_kv_cache(**hnd)
+    assert host_sim.tiling is None and untouched()
 
 
 @pytest.mark.parametrize("mode", ["auto", "triton", "ascendc"])
