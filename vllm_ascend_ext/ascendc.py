@@ -1,6 +1,9 @@
-"""The AscendC fallback of ``split_qkv_rmsnorm_rope``: its plan, tiling, UB model and torch op.
+"""The AscendC fallback of ``split_qkv_rmsnorm_rope`` and ``split_qkv_rmsnorm_rope_kv_cache``: their
+plan, tiling, UB model and torch ops.
 
-The kernel lives in ``csrc/split_qkv_rmsnorm_rope/``. Everything it is told comes from here:
+The kernel class lives in ``csrc/split_qkv_rmsnorm_rope/``; the KV-cache op's entries, launch and
+binding in ``csrc/split_qkv_rmsnorm_rope_kv_cache/`` (the same class with the SQRR_FLAG_KV_* flags).
+Everything it is told comes from here:
 :func:`plan` takes the Triton op's Ascend plan (``vllm_ascend_ext.ops.tiling.ascend``, the one
 source of tile sizes) and keeps its ``block_heads`` and ``max_programs``; :class:`AscendCPlan` is
 an ``ops.tiling.PlanBase``, so tile count and grid follow the Triton plan's rules (the kernel
@@ -31,6 +34,13 @@ whether one is there, without loading it). :func:`make_impl` builds an implement
 any launch callable: the tests register the host build of the kernel on the CPU key with it
 (``tests/csrc/host_sim.py``). :func:`split_qkv_rmsnorm_rope` is the Python API of the Triton
 op (``inplace`` flag; returns ``(q, k, v)``, and the gate after them with ``q_gate``).
+
+The KV-cache write: ``split_qkv_rmsnorm_rope_kv_cache_ascendc`` (the custom op's schema,
+``custom_ops.KV_CACHE_SCHEMA``) and ``..._ascendc_`` (in place), built by :func:`make_kv_impl`,
+validated by ``validation.split_qkv_rmsnorm_rope_kv_cache`` then :func:`unsupported_reason`
+(layouts :data:`KV_LAYOUTS`, a cache of qkv's dtype or int8); :func:`split_qkv_rmsnorm_rope_kv_cache`
+is the Python API of the Triton op ``ops.split_qkv_rmsnorm_rope_kv_cache``. :func:`tiling` takes
+the layout's strides from the validated ``Call.kv_cache`` (``ops/kv_cache.py``'s descriptors).
 """
 
 from __future__ import annotations
