@@ -313,6 +313,7 @@ SCENARIOS = {
     "copy_out_without_sync": "copy-out of UB the vector unit wrote",
     "gm_past_declared_size": "outside the declared GM buffer",
     "gm_write_read_only": "read-only GM tensor",
+    "cast_half_int8_nan": "NaN source (not modelled)",
 }
 
 

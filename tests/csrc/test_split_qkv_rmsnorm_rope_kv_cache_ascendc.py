@@ -551,3 +551,49 @@ def test_opcheck(host_sim):
     kwargs = dict(cache_layout="nhd", k_scale=args["k_scale"], v_scale=args["v_scale"], return_kv=True)
     torch.library.opcheck(op, positional, kwargs, test_utils=("test_schema", "test_faketensor"))
     assert np.any(host_sim.regions["key_cache"].written)
+
+
+# --- the host layer's new calls (Maxs, Mins, Cast half -> int8_t) -------------------------------
+ROUND_MODES = {"CAST_NONE": 0, "CAST_RINT": 1, "CAST_FLOOR": 2, "CAST_CEIL": 3, "CAST_ROUND": 4, "CAST_TRUNC": 5}
+CHAIN_VALUES = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -127.5, -128.5, 300.0, -300.0, 3.25, -3.75, 0.0]
+
+
+def _int8_chain(lib, values, *, clamp: bool, mode: str) -> list[int]:
+    import ctypes
+
+    fn = lib.selftest_int8_chain
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_float,
+                   ctypes.c_int, ctypes.POINTER(ctypes.c_int8), ctypes.c_char_p, ctypes.c_int]
+    src = (ctypes.c_float * len(values))(*values)
+    out = (ctypes.c_int8 * len(values))()
+    err = ctypes.create_string_buffer(256)
+    rc = fn(src, len(values), int(clamp), -128.0, 127.0, ROUND_MODES[mode], out, err, len(err))
+    assert rc == 0, err.value.decode()
+    return list(out)
+
+
+@pytest.mark.parametrize("mode", ROUND_MODES)
+def test_host_layer_cast_half_to_int8_rounds_by_mode_and_saturates(selftest_lib, mode):
+    """Cast half -> int8_t as the API reference says (asc-devkit Cast.md): rounded by the mode
+    (CAST_NONE as CAST_RINT when inexact), overflow saturated; Maxs/Mins clamp first, the same
+    results (the kernel clamps as the Triton op does, then casts exact integers)."""
+    rounding = {"CAST_NONE": round, "CAST_RINT": round, "CAST_FLOOR": math.floor, "CAST_CEIL": math.ceil,
+                "CAST_ROUND": lambda y: math.copysign(math.floor(abs(y) + 0.5), y), "CAST_TRUNC": math.trunc}[mode]
+    want = [int(max(-128, min(127, rounding(y)))) for y in CHAIN_VALUES]  # Python's round: half to even
+    assert _int8_chain(selftest_lib, CHAIN_VALUES, clamp=False, mode=mode) == want
+    assert _int8_chain(selftest_lib, CHAIN_VALUES, clamp=True, mode=mode) == want
+
+
+def test_in_place_bumps_the_version_counter_and_functional_does_not(host_sim):
+    """In place, q (and k with return_kv) go into qkv: its autograd version counter is bumped, as
+    the Triton op does, so a graph that saved qkv refuses to backpropagate; out of place, not."""
+    args, _ = make_call(Case(tokens=5, hq=4, hkv=2, d=64), KV(return_kv=True))
+    version = args["qkv"]._version
+    ascendc.split_qkv_rmsnorm_rope_kv_cache(**args)
+    assert args["qkv"]._version == version
+    q, k, v = ascendc.split_qkv_rmsnorm_rope_kv_cache(**args, inplace=True)
+    assert args["qkv"]._version > version
+    assert q.data_ptr() == args["qkv"].data_ptr() and k.data_ptr() == args["qkv"][:, 4 * 64:].data_ptr()
+    with pytest.raises(ValueError, match="grad"):
+        ascendc.split_qkv_rmsnorm_rope_kv_cache(**{**args, "qkv": args["qkv"].clone().requires_grad_()})
