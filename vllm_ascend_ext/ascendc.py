@@ -396,7 +396,9 @@ def unsupported_reason(
     takes fp32 qkv, weights of another dtype and ``head_dim`` up to 512. With the KV-cache write
     (``kv_cache``, the validated ``Call.kv_cache``, and ``kv_dtype``, the caches' dtype) the
     layout must be one of :data:`KV_LAYOUTS` and the cache qkv's dtype or int8: the Triton op also
-    writes ``hnd``, ``cpu_vec``, fp32/mixed float caches and fp8.
+    writes ``hnd``, ``cpu_vec``, fp32/mixed float caches and fp8. A caller naming ``"kv_cache"``
+    among ``features`` passes them (``impl`` and this module always do); without them only the
+    variant's name is checked.
     """
     unserved = sorted(set(features) - SERVED_FEATURES)
     if unserved:

@@ -507,7 +507,9 @@ def test_bad_inputs_fail_through_the_validator_before_anything_runs(host_sim):
                        (dict(cache_layout="nd"), "cache_layout must be one of"),
                        (dict(return_kv=1), "return_kv must be a bool"),
                        (dict(k_scale=torch.ones(1), v_scale=torch.ones(1)), "k_scale is only used"),
-                       (dict(value_cache=args["value_cache"][:1]), "value_cache must have key_cache's shape")):
+                       (dict(value_cache=args["value_cache"][:1]), "value_cache must have key_cache's shape"),
+                       (dict(qkv=args["qkv"][:, :4 * 64], num_kv_heads=0, k_weight=None),  # q-only: no k, no v
+                        "num_kv_heads must be >= 1 with a KV-cache write")):
         with pytest.raises(ValueError, match=match):
             ascendc.split_qkv_rmsnorm_rope_kv_cache(**{**args, **bad})
     small, _ = make_call(Case(tokens=5, hq=2, hkv=1, d=16, r=16), KV(padding=0))
