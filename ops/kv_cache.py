@@ -50,6 +50,10 @@ LAYOUTS = ("nhd", "hnd", "nz", "cpu_vec")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 QUANT_DTYPES = {torch.int8: QUANT_INT8, torch.float8_e4m3fn: QUANT_FP8}
+#: Most slots a cache may hold: the kernel divides slots into block and row in 32-bit integers (an
+#: int64 division is a long software sequence on CUDA; it cost the 4/1/128 kernel 22 registers a
+#: thread, CPU ptxas, perf-notes v8).
+MAX_SLOTS = 2**31 - 1
 #: Largest magnitudes a quantised value saturates to.
 INT8_MAX, FP8_E4M3_MAX = 127.0, 448.0
 
@@ -126,12 +130,16 @@ def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: st
     ------
     ValueError
         Naming ``cache_layout``, ``key_cache`` or ``value_cache``: an unknown layout, a wrong
-        shape, a lane dimension that is not contiguous, caches that differ in shape or strides
+        shape, more than ``MAX_SLOTS`` slots, a lane dimension that is not contiguous, caches that
+        differ in shape or strides
         (``cpu_vec``: not one tensor).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"cache_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     key = _strides("key_cache", key_cache, layout, num_kv_heads, head_dim)
+    if key_cache.shape[0] * key.block_size > MAX_SLOTS:
+        raise ValueError(f"key_cache has {key_cache.shape[0]} blocks of {key.block_size} slots; at most "
+                         f"{MAX_SLOTS} slots are addressed (32-bit slot arithmetic in the kernel)")
     if layout == "cpu_vec":
         # (The same object first: fake tensors under torch.compile have no data pointer.)
         if value_cache is not key_cache and (value_cache.data_ptr() != key_cache.data_ptr()

@@ -44,9 +44,11 @@ are one contiguous block of the ``R`` rotary lanes, split into ``a`` and ``b`` i
 tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when the plan cuts a
 wide tail into chunks (summed in a first pass, loaded again to be scaled in a second), so only
 one chunk is live at a time. The gate's and v's heads, never rotated, are held as whole rows of
-``D`` lanes padded to a power of two (``_row_block``). Programs walk the tiles grid-stride (head block fastest, so
-neighbours share cos/sin rows); the number of tiles is computed from the token count at run
-time, so one compiled kernel serves every batch size. The tile shape, the tail chunks, the
+``D`` lanes padded to a power of two (``_row_block``); v's heads come in blocks of their own, or
+(``V_WITH_K``, a plan's choice) in the tile of the same k heads, after k's stores. Programs walk
+the tiles grid-stride (head block fastest, so neighbours share cos/sin rows); the number of
+tiles is computed from the token count at run time, so one compiled kernel serves every batch
+size. The tile shape, the tail chunks, the
 grid and where the cos/sin rows are gathered come from the backend's launch plan
 (``ops/tiling``), never from this file.
 
@@ -397,13 +399,15 @@ def _row_block(
 def _kv_rows(slot_ptr, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr):
     """With ``KV``: each token's row offset in the paged cache (slot ``s`` is block
     ``s // block_size``, row ``s % block_size``; ``offset`` where the layout puts element 0) and
-    whether it has a slot (negative: padding, nothing written). Without: placeholders the stores
-    never use."""
+    whether it has a slot (negative: padding, nothing written). The slot is split into block and
+    row in 32 bits (the validator caps a cache at ``kv_cache.MAX_SLOTS``); the block's offset is
+    64-bit. Without ``KV``: placeholders the stores never use."""
     if KV:
-        slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1).to(tl.int64)
+        slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1)
         kv_tok_ok = tok_ok & (slot >= 0)
-        slot = tl.maximum(slot, 0)
-        kv_rows = (slot // block_size) * block_stride + (slot % block_size) * slot_stride + offset
+        slot = tl.maximum(slot, 0).to(tl.int32)
+        block = slot // block_size
+        kv_rows = block.to(tl.int64) * block_stride + (slot - block * block_size) * slot_stride + offset
     else:
         kv_tok_ok = tok_ok
         kv_rows = tok64
@@ -430,7 +434,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    ROWS_AFTER_DATA: tl.constexpr,
+    ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
     NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
@@ -443,7 +447,8 @@ def _split_qkv_rmsnorm_rope_kernel(
     K_BLOCKS: tl.constexpr = (NUM_KV_HEADS + BLOCK_HK - 1) // BLOCK_HK
     K_END: tl.constexpr = Q_BLOCKS + K_BLOCKS
     G_END: tl.constexpr = K_END + (Q_BLOCKS if Q_GATE else 0)
-    HEAD_BLOCKS: tl.constexpr = G_END + (K_BLOCKS if (V_NORM or KV_CACHE) else 0)
+    V_BLOCKS: tl.constexpr = (V_NORM or KV_CACHE) and not V_WITH_K
+    HEAD_BLOCKS: tl.constexpr = G_END + (K_BLOCKS if V_BLOCKS else 0)
     K_WRITES_OUT: tl.constexpr = KV_OUT or not KV_CACHE
     V_WRITES_OUT: tl.constexpr = V_NORM and K_WRITES_OUT
     # Columns from one q head to the next (a gated q head is followed by its gate), where k starts.
@@ -506,6 +511,9 @@ def _split_qkv_rmsnorm_rope_kernel(
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, k_block_stride,
                                               k_slot_stride, k_offset, KV_CACHE)
+                if V_WITH_K and (V_NORM or KV_CACHE):
+                    v_rows, v_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
+                                                v_slot_stride, v_offset, KV_CACHE)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
@@ -515,6 +523,12 @@ def _split_qkv_rmsnorm_rope_kernel(
                             k_scale_ptr,
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
                             sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W)
+                if V_WITH_K and (V_NORM or KV_CACHE):
+                    # The same heads of v, after k's stores (V_WITH_K: no head blocks of v's own).
+                    _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, k_head,
+                               NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
+                               v_cache_ptr, v_rows, v_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
+                               v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
         elif head_block < G_END:
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
@@ -523,7 +537,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                            gate_out_stride, eps, HEAD_DIM, HEAD_PAD, False, Q_STRIDE,
                            gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         else:
-            if V_NORM or KV_CACHE:
+            if V_BLOCKS:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
@@ -703,7 +717,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         Q_GATE=shape.q_gate, V_NORM=shape.v_norm, MROPE=shape.mrope, SEC_T=sec_t, SEC_H=sec_h,
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
-        ROWS_AFTER_DATA=plan.rows_after_data,
+        ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k,
         # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
         # weights of H*D values.
         NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,

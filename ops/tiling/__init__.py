@@ -93,13 +93,14 @@ class KernelShape:
         """Columns of qkv: q's heads (with their gates), then k's and v's."""
         return self.num_q_heads * self.q_head_stride + 2 * self.num_kv_heads * self.head_dim
 
-    def head_blocks(self, block_heads: int, block_heads_k: int | None = None) -> int:
+    def head_blocks(self, block_heads: int, block_heads_k: int | None = None, v_with_k: bool = False) -> int:
         """Blocks covering q's heads (``block_heads`` each), then k's (``block_heads_k``, default
-        the same), then the gate's (as q's) and v's (as k's) when they are written; a block holds
-        one tensor's heads."""
+        the same), then the gate's (as q's) and v's (as k's) when they are written, unless
+        ``v_with_k`` (each k block moves the same heads of v too); a block holds one tensor's
+        heads."""
         block_heads_k = block_heads_k or block_heads
         q_blocks, k_blocks = -(-self.num_q_heads // block_heads), -(-self.num_kv_heads // block_heads_k)
-        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.writes_v else 1)
+        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.writes_v and not v_with_k else 1)
 
     @property
     def half(self) -> int:
@@ -144,8 +145,9 @@ class PlanBase:
         return self.block_heads
 
     def head_blocks(self, shape: KernelShape) -> int:
-        """Head blocks per token block: q's blocks of ``block_heads``, then k's."""
-        return shape.head_blocks(self.block_heads, self.block_heads_k)
+        """Head blocks per token block: q's blocks of ``block_heads``, then k's (and the gate's and
+        v's, as :meth:`KernelShape.head_blocks` says)."""
+        return shape.head_blocks(self.block_heads, self.block_heads_k, self.v_with_k)
 
     @property
     def launch_options(self) -> dict:
@@ -156,6 +158,13 @@ class PlanBase:
     def rows_after_data(self) -> bool:
         """Gather a tile's cos/sin rows after its q/k loads are issued (in each branch arm)
         rather than before the branch; off unless a backend measured it better."""
+        return False
+
+    @property
+    def v_with_k(self) -> bool:
+        """Move v's heads (when written: normalised, or into the KV cache) in the tile of the same
+        k heads, after k's, rather than in head blocks of their own; off unless a backend measured
+        it better (a tile would hold k's and v's buffers)."""
         return False
 
     def tail_width(self, shape: KernelShape) -> int:

@@ -83,6 +83,20 @@ TWO_PIECE_MIN_PER_THREAD = 4
 #: more tokens share them): 32/8/128 interleaved at T = 64 6.91 -> 6.37 us, at T = 256 8.26 ->
 #: 7.36 with 2 tokens rather than 1 (issue-10 sweep, perf-notes v6).
 SMALL_MROPE_MIN_TOKENS = 2
+#: ptxas's register cap (Triton's ``maxnreg``) for the large plan with the KV-cache write: 65536
+#: registers an SM / (8 programs x 64 threads). Uncapped the write's kernel took 146 (32/8/128)
+#: and 163 (mRoPE) registers a thread on the H200 (Nsight Compute), so 6 programs an SM were
+#: resident instead of the prologue's 8 (127 registers). Capped at 128, in one run, two interleaved
+#: repeats: 32/8/128 at T = 4096 / 16384 33.5 -> 32.8 / 113.5 -> 111.3 us, mRoPE 39.7 -> 36.4 /
+#: 133.3 -> 119.2, 8/1/128 13.0 -> 13.0 / 31.8 -> 31.6, the gated layer 49.4 -> 48.2 / 173.0 ->
+#: 171.7, 64/8/128 51.1 -> 49.5 / 183.0 -> 178.9; a cap of 168 was 10-46% slower (perf-notes v8).
+KV_MAX_REGISTERS = 128
+#: With the KV-cache write, the large plan moves v in k's tiles (``PlanBase.v_with_k``) where k's
+#: block holds at most half of q's heads (small k tiles, v's as small): 8/1/128 at T = 4096 / 16384
+#: 14.50 -> 13.60 / 35.46 -> 33.28 us, 16/2/256 R64 gated 50.11 -> 49.31 / 172.9 -> 172.3. Where k's
+#: block is as large as q's it was level or slower (32/8/128 at T = 4096 35.52 -> 36.03, 32/16/256
+#: v-norm level), and every small-batch plan lost 0.4-1.1 us (perf-notes v8 probe 2).
+V_WITH_K_SMALL_K_BLOCKS = True
 
 
 @dataclass(frozen=True)
@@ -94,10 +108,16 @@ class CudaPlan(PlanBase):
     tail_lanes: int = 0  # lanes per pass-through tail chunk; 0: the whole tail at once
     late_rows: bool = LATE_ROWS  # the kernel's ROWS_AFTER_DATA
     two_piece_tail: bool = False  # a whole tail that is no power of two held as two pieces
+    v_in_k_tiles: bool = False  # the kernel's V_WITH_K
+    max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg); 0: no cap
 
     @property
     def rows_after_data(self) -> bool:
         return self.late_rows
+
+    @property
+    def v_with_k(self) -> bool:
+        return self.v_in_k_tiles
 
     def tail_width(self, shape: KernelShape) -> int:
         if self.tail_lanes:
@@ -122,6 +142,8 @@ class CudaPlan(PlanBase):
 
     @property
     def launch_options(self) -> dict:
+        if self.max_registers:
+            return {"num_warps": self.num_warps, "maxnreg": self.max_registers}
         return {"num_warps": self.num_warps}
 
 
@@ -152,7 +174,9 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * programs_per_sm, num_warps=warps,
-                    tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked)
+                    tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked,
+                    v_in_k_tiles=V_WITH_K_SMALL_K_BLOCKS and shape.kv_cache and 2 * k_heads <= q_heads,
+                    max_registers=KV_MAX_REGISTERS if shape.kv_cache else 0)
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:

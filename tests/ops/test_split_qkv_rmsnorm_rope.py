@@ -49,7 +49,8 @@ BACKENDS = ("ascend", "cuda-large", "cuda-small")
 #: heads per tile (q, k, gate and v heads alike), the pass-through tail cut into 4-lane chunks and
 #: 5 programs walking the tiles grid-stride, so small sizes cross every block of every arm.
 #: ``two-piece`` holds a tail that is no power of two as two pieces (what the CUDA small-batch plan
-#: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it).
+#: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it) and moves v
+#: (when written) in k's tiles.
 PLANS = BACKENDS + ("small-tiles", "two-piece")
 
 #: The ``poisoned`` fixture frames each out-of-place output with this value: a row before it, a
@@ -97,7 +98,7 @@ def plan_of(kind: str, shape: KernelShape, device) -> tiling.PlanBase:
                         tail_lanes=4 if shape.pass_dim else 0, late_rows=False)
     if kind == "two-piece":
         plan = CudaPlan(block_tokens=16, block_heads=2, kv_block_heads=2, max_programs=5, num_warps=1,
-                        two_piece_tail=True)
+                        two_piece_tail=True, v_in_k_tiles=True)
         if shape.pass_dim & (shape.pass_dim - 1):  # no power of two: the plan must split it
             assert plan.tail_width2(shape) > 0 and plan.tail_chunks(shape) == 1
         return plan

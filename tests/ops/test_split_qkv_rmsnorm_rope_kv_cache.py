@@ -738,6 +738,21 @@ def test_bad_inputs_name_the_argument(device, name, cache, layout, change):
     assert torch.equal(call["qkv"], qkv_before)
 
 
+def test_caches_past_32_bit_slots_are_refused():
+    """A cache of more than ``MAX_SLOTS`` slots (the kernel's slot arithmetic is 32-bit) is refused
+    naming key_cache; one of exactly ``MAX_SLOTS + 1`` blocks' worth less is accepted (stride-0
+    views: nothing that size is allocated)."""
+    from vllm_ascend_ext.ops import kv_cache
+
+    row = torch.zeros(1, 1, 1, 16, dtype=torch.bfloat16)
+    blocks = (kv_cache.MAX_SLOTS + 1) // 16
+    big = row.expand(blocks, 16, 1, 16)
+    with pytest.raises(ValueError, match="key_cache has .* blocks"):
+        kv_cache.cache_strides(big, big, "nhd", 1, 16)
+    fits = row.expand(blocks - 1, 16, 1, 16)
+    assert kv_cache.cache_strides(fits, fits, "nhd", 1, 16)[0].block_size == 16
+
+
 def test_device_mismatch_names_the_argument(device):
     """Caches, slots or scales on another device than qkv (the meta device): refused by name,
     before anything is read."""
