@@ -2,8 +2,10 @@
 against the float64 single-process reference of the FULL layer (``reference.split_qkv_tp_rmsnorm_rope_full``),
 each rank's outputs compared with the reference's columns of its heads (``reference.shard_minimax``).
 
-Single-process tests run ``tp_size=1`` (and a callable all-reduce that stands for ranks holding
-the same shard); the multi-process tests spawn 2 and 4 real processes in a gloo group, each
+Every test runs on the device under test (``tests/conftest.py``: the interpreter on CPU, or a
+GPU under ``scripts/gpu_tests.sh``). Single-process tests run ``tp_size=1`` (and a callable
+all-reduce that stands for ranks holding the same shard); the multi-process tests spawn 2 and 4
+real processes in a gloo group (on a GPU, the ranks share it and gloo sums CUDA tensors), each
 sharding the same full layer as vLLM does (kv heads replicated when fewer than the ranks) and
 summing through the group (the ``ProcessGroup`` and a callable around ``dist.all_reduce``), with
 T = 0, padding tokens (rows of zeros at out-of-range positions) and tokens crossing tiles.
@@ -74,6 +76,11 @@ def _check(outputs, expected, dtype, qkv=None):
         assert outputs[2].data_ptr() == qkv[:, qkv.shape[1] - outputs[2].shape[1]:].data_ptr()  # v: a view
 
 
+def _on(args: dict, device) -> dict:
+    """``args`` with its tensors moved to ``device``."""
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
 def _run_rank(full: dict, tp: int, rank: int, all_reduce, device="cpu"):
     """One rank: shard the full layer, run the op with ``all_reduce``, compare with the reference's
     columns of the rank's heads."""
@@ -81,8 +88,7 @@ def _run_rank(full: dict, tp: int, rank: int, all_reduce, device="cpu"):
 
     args = reference.shard_minimax(full, tp, rank)
     qkv_before = args["qkv"].clone()
-    outputs = split_qkv_tp_rmsnorm_rope(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                                           for k, v in args.items()}, all_reduce=all_reduce)
+    outputs = split_qkv_tp_rmsnorm_rope(**_on(args, device), all_reduce=all_reduce)
     expected = reference.shard_minimax_outputs(reference.split_qkv_tp_rmsnorm_rope_full(**full),
                                                full["num_q_heads"], full["num_kv_heads"], full["head_dim"], tp, rank)
     _check(outputs, expected, full["qkv"].dtype)
@@ -96,22 +102,22 @@ def _run_rank(full: dict, tp: int, rank: int, all_reduce, device="cpu"):
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("geometry", [TINY, TINY_GPTJ], ids=lambda g: g.label)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_tp1_matches_full_reference(poisoned, monkeypatch, plan, geometry, dtype):
+def test_tp1_matches_full_reference(device, poisoned, monkeypatch, plan, geometry, dtype):
     for tokens, padding in ((1, 0), (7, 2)):
         full = reference.make_tp_inputs(geometry, tokens, padding=padding, dtype=dtype)
         with _plans(plan, monkeypatch):
-            _run_rank(full, 1, 0, None)
+            _run_rank(full, 1, 0, None, device)
 
 
-def test_minimax_m2_full_layer_tp1(poisoned):
+def test_minimax_m2_full_layer_tp1(device, poisoned):
     """MiniMax-M2's whole layer (48 q / 8 kv heads of 128, R 64) in one process, tp_size=1."""
     spec = model("MiniMax-M2")
     assert spec.qk_norm_across_heads and spec.shard(16).num_kv_heads == 1
-    _run_rank(reference.make_tp_inputs(spec, 3, padding=1), 1, 0, None)
+    _run_rank(reference.make_tp_inputs(spec, 3, padding=1), 1, 0, None, device)
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_callable_all_reduce_of_identical_ranks(poisoned, tp):
+def test_callable_all_reduce_of_identical_ranks(device, poisoned, tp):
     """A callable all-reduce standing for ``tp`` ranks that hold the same shard (it multiplies the
     sums by ``tp``): the result is the full reference of the layer made of ``tp`` copies of the
     shard (q heads and kv heads repeated: the replicated-kv case). Called once, with the
@@ -130,29 +136,29 @@ def test_callable_all_reduce_of_identical_ranks(poisoned, tp):
     full = dict(shard, qkv=torch.cat([q] * tp + [k] * tp + [v] * tp, dim=1), num_q_heads=2 * tp,
                 num_kv_heads=tp, q_weight=shard["q_weight"].repeat(tp), k_weight=shard["k_weight"].repeat(tp))
     expected = reference.split_qkv_tp_rmsnorm_rope_full(**full)
-    out = split_qkv_tp_rmsnorm_rope(**shard, tp_size=tp, all_reduce=all_reduce)
+    out = split_qkv_tp_rmsnorm_rope(**_on(shard, device), tp_size=tp, all_reduce=all_reduce)
     assert calls == [((5, 2), torch.float32)]
-    _check(out, (expected[0][:, :2 * d], expected[1][:, :d], expected[2][:, :d]), torch.bfloat16, shard["qkv"])
+    _check(out, (expected[0][:, :2 * d], expected[1][:, :d], expected[2][:, :d]), torch.bfloat16)
 
 
-def test_no_collective_at_tp1_or_without_tokens(poisoned):
+def test_no_collective_at_tp1_or_without_tokens(device, poisoned):
     from vllm_ascend_ext.ops import split_qkv_tp_rmsnorm_rope
 
     def refuse(sums):
         raise AssertionError("the all-reduce was called")
 
     args = reference.shard_minimax(reference.make_tp_inputs(TINY, 3), 1, 0)
-    split_qkv_tp_rmsnorm_rope(**args, all_reduce=refuse)  # tp_size 1: a sum over one rank
+    split_qkv_tp_rmsnorm_rope(**_on(args, device), all_reduce=refuse)  # tp_size 1: a sum over one rank
     empty = reference.shard_minimax(reference.make_tp_inputs(TINY, 0), 2, 1)
-    q, k, v = split_qkv_tp_rmsnorm_rope(**empty, all_reduce=refuse)
+    q, k, v = split_qkv_tp_rmsnorm_rope(**_on(empty, device), all_reduce=refuse)
     assert q.shape == (0, 2 * 32) and k.shape == v.shape == (0, 32)
 
 
-def test_partial_sums_kernel(monkeypatch):
+def test_partial_sums_kernel(device, monkeypatch):
     """Kernel 1 alone: each token's fp32 sums of squares of its q and k columns, crossing token
     tiles, column chunks (16 columns: 64 of q, 32 of k) and the grid-stride loop."""
     op = _op_module()
-    args = reference.shard_minimax(reference.make_tp_inputs(TINY, 11, dtype=torch.float32), 1, 0)
+    args = _on(reference.shard_minimax(reference.make_tp_inputs(TINY, 11, dtype=torch.float32), 1, 0), device)
     with _plans("small-tiles", monkeypatch):
         call = validation.split_qkv_tp_rmsnorm_rope(**args)
         sums = op.partial_sums(call, args["qkv"])
@@ -160,17 +166,18 @@ def test_partial_sums_kernel(monkeypatch):
     want = torch.stack([(x[:, :128] ** 2).sum(1), (x[:, 128:192] ** 2).sum(1)], dim=1)
     assert sums.dtype == torch.float32
     torch.testing.assert_close(sums.double(), want, rtol=1e-6, atol=1e-6)
+    assert sums.device.type == device.type
 
 
-def test_row_stride_view(poisoned):
+def test_row_stride_view(device, poisoned):
     """qkv as a view of a wider buffer (row stride > width): rows are found by their stride."""
     full = reference.make_tp_inputs(TINY, 5)
     args = reference.shard_minimax(full, 2, 0)
-    wide = torch.zeros(5, args["qkv"].shape[1] + 24, dtype=args["qkv"].dtype)
+    wide = torch.zeros(5, args["qkv"].shape[1] + 24, dtype=args["qkv"].dtype, device=device)
     wide[:, :args["qkv"].shape[1]] = args["qkv"]
     from vllm_ascend_ext.ops import split_qkv_tp_rmsnorm_rope
 
-    out = split_qkv_tp_rmsnorm_rope(**dict(args, qkv=wide[:, :args["qkv"].shape[1]], tp_size=1))
+    out = split_qkv_tp_rmsnorm_rope(**dict(_on(args, device), qkv=wide[:, :args["qkv"].shape[1]], tp_size=1))
     # tp_size=1 on rank 0's shard: the reference is the layer made of that shard alone.
     shard_full = dict(args, qkv=args["qkv"])
     shard_full.pop("tp_size")
@@ -237,10 +244,12 @@ def test_validator_checks_the_group_size():
 # Real ranks: spawned processes in a gloo group
 
 
-def _rank_main(rank: int, world: int, rendezvous: str, cases: list) -> None:
-    """A spawned rank: the interpreter on (before the op is imported), a gloo group, then each
-    case (``(full args, how)``) through the group's ProcessGroup or a callable around it."""
-    os.environ["TRITON_INTERPRET"] = "1"
+def _rank_main(rank: int, world: int, rendezvous: str, cases: list, device: str) -> None:
+    """A spawned rank on ``device`` (on CPU the interpreter on, before the op is imported), a gloo
+    group, then each case (``(full args, how)``) through the group's ProcessGroup or a callable
+    around it."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -253,13 +262,13 @@ def _rank_main(rank: int, world: int, rendezvous: str, cases: list) -> None:
                 def all_reduce(sums):
                     dist.all_reduce(sums)
                     return sums
-            _run_rank(full, world, rank, all_reduce)
+            _run_rank(full, world, rank, all_reduce, device)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_gloo_ranks_match_the_full_reference(world):
+def test_gloo_ranks_match_the_full_reference(device, world):
     """``world`` processes, each its shard of the same full layers (at TP 4 TINY's 2 kv heads are
     replicated x2), against the single-process float64 reference: T = 0, padding tokens (zero
     rows at out-of-range positions), bf16 and fp32, NeoX and GPT-J, the ProcessGroup and a
@@ -272,7 +281,7 @@ def test_gloo_ranks_match_the_full_reference(world):
         (reference.make_tp_inputs(replace(TINY_GPTJ, num_q_heads=8), 4, padding=1, generator=gen), "callable"),
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world, f"{tmp}/rendezvous", cases), nprocs=world, join=True)
+        mp.spawn(_rank_main, args=(world, f"{tmp}/rendezvous", cases, device.type), nprocs=world, join=True)
 
 
 # ---------------------------------------------------------------------------------------------
