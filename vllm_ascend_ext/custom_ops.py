@@ -72,7 +72,8 @@ rejected while tracing too, with the same ``ValueError`` naming the argument (th
 op: :func:`validate_kv_cache_fake`). The real implementations, for the CPU, CUDA and
 PrivateUse1 (Ascend NPU) dispatch keys, call :func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope`
 (or ``..._kv_cache``): the Triton op or the AscendC kernel, as ``VLLM_ASCEND_EXT_IMPL`` selects
-(the cache write: the Triton op only). Nothing here synchronises the host with the device.
+(the cache write too: AscendC serves ``nhd``/``nz`` caches of qkv's dtype or int8). Nothing here
+synchronises the host with the device.
 
 Importing this module registers the ops once per process; it imports nothing from vLLM.
 """
