@@ -90,6 +90,8 @@ SMALL_MROPE_MIN_TOKENS = 2
 #: repeats: 32/8/128 at T = 4096 / 16384 33.5 -> 32.8 / 113.5 -> 111.3 us, mRoPE 39.7 -> 36.4 /
 #: 133.3 -> 119.2, 8/1/128 13.0 -> 13.0 / 31.8 -> 31.6, the gated layer 49.4 -> 48.2 / 173.0 ->
 #: 171.7, 64/8/128 51.1 -> 49.5 / 183.0 -> 178.9; a cap of 168 was 10-46% slower (perf-notes v8).
+#: Triton 3.7.1's kernel needs more (the CPU compile check: 193 uncapped, 236-452 bytes a thread
+#: spilled under the cap); re-measure on a GPU with a newer Triton.
 KV_MAX_REGISTERS = 128
 #: With the KV-cache write, the large plan moves v in k's tiles (``PlanBase.v_with_k``) where k's
 #: block holds at most half of q's heads (small k tiles, v's as small): 8/1/128 at T = 4096 / 16384
