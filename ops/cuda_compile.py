@@ -36,7 +36,10 @@ must move, per thread, at least as many lanes as those output stores at the wide
 narrowest: a bf16 NHD/HND row goes to the cache as wide as to ``k_out`` (16 bytes a thread in
 the large plan), an int8 or fp8 one at the same lanes or more (half the bytes), and an NZ row
 the same, since a 32-byte fractal column holds more lanes than one 16-byte vector store. An
-fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``. It prints last ``compiled N/N CUDA
+fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``. The table is compiled at TP 1/2/4/8
+and at 16 for the rows that run at it (MiniMax-M2), and for the rows normalised across heads
+(``split_qkv_tp_rmsnorm_rope``) the first kernel too, the sums of squares (``[sums]``), whose
+loads must be 16 bytes wide. It prints last ``compiled N/N CUDA
 kernel plans ...`` and exits non-zero on any failure.
 """
 
@@ -54,7 +57,7 @@ from dataclasses import dataclass, replace
 
 from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
 from .device import cuda_facts
-from .models import geometry_table, model
+from .models import TP_SIZES, geometry_table, model
 from .tiling import KernelShape, cuda
 
 #: Compute capability of the H100/H200 this project measures on.
@@ -167,6 +170,28 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None, kv: KVForm |
             "kinds": collections.Counter(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx)), **_ptxas_report(ptx)}
 
 
+def compile_sums(geometry) -> dict:
+    """Compile ``split_qkv_tp_rmsnorm_rope``'s first kernel (the sums of squares) for one rank's
+    geometry under its CUDA plan (bf16 qkv, the row stride divisible by 16) to PTX; count its
+    vector loads."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+
+    shape = KernelShape.of(geometry, 2, 4)
+    plan = cuda.sums_plan(shape, cuda_facts())
+    signature = in_argument_order(_sums_kernel, _sums_signature("bf16"))
+    constexprs = _sums_constexprs(shape, plan)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
+             if name in ("qkv_ptr", "sums_ptr", "qkv_stride")}
+    source = ASTSource(_sums_kernel, signature | {name: "constexpr" for name in constexprs},
+                       constexprs=constexprs, attrs=attrs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32), options=plan.launch_options).asm["ptx"]
+    return {"plan": plan, "v4": len(re.findall(r"ld\.global\.v4", ptx)), **_ptxas_report(ptx)}
+
+
 def _ptxas_report(ptx: str) -> dict:
     """Registers per thread and spilled bytes, from ``ptxas -v`` on the PTX."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -265,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
         return 2
-    jobs = [(f"{name} tp{tp}", geometry, small, None) for name, tp, geometry in geometry_table()
+    table = geometry_table(TP_SIZES + (16,))  # 16: the rows that run at it (MiniMax-M2)
+    jobs = [(f"{name} tp{tp}", geometry, small, None) for name, tp, geometry in table
             for small in (False, True) if not args.kv_only]
     jobs += [(f"{name} tp{tp} [{kv.name}]", model(name).shard(tp), small, kv) for name, tp in KV_ROWS
              for kv in KV_FORMS for small in (False, True)]
@@ -328,6 +354,28 @@ def main(argv: list[str] | None = None) -> int:
               f"{plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {added:>17} "
               f"{row['registers']:4d} {row['spill_bytes']:5d}  "
               f"{'ok' if not problems else 'FAIL: ' + '; '.join(problems)}{same}")
+    # split_qkv_tp_rmsnorm_rope's sums kernel for the rows normalised across heads: 16-byte loads.
+    sums_jobs: dict = {}
+    for name, tp, geometry in table:
+        if geometry.qk_norm_across_heads:
+            sums_jobs.setdefault(geometry, []).append(f"{name} tp{tp} [sums]")
+    for geometry, labels in sums_jobs.items():
+        try:
+            row, error = compile_sums(geometry), None
+        except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
+            row, error = None, f"{type(exc).__name__}: {first_error(exc)}"
+        for i, label in enumerate(labels):
+            same = f" (= {labels[0]})" if i else ""
+            if error is not None:
+                print(f"{label:50} {geometry.label:40} sums  compile failed: {error}{same}")
+                continue
+            ok_row = row["v4"] > 0
+            ok += ok_row
+            plan = row["plan"]
+            print(f"{label:50} {geometry.label:40} sums  {plan.block_tokens:3d} {'-':>4} {'-':>4} {'-':>4} "
+                  f"{plan.num_warps:5d} {row['v4']:4d} {'-':>4} {'-':>4} {'':>17} {row['registers']:4d} "
+                  f"{row['spill_bytes']:5d}  {'ok' if ok_row else 'FAIL: no 16-byte loads'}{same}")
+    jobs += [label for labels in sums_jobs.values() for label in labels]
     print("added: global accesses the gate, v and mRoPE rows add to the kernel without them (16-byte ones); "
           "for a cache write returning k and v, the stores it adds to the prologue under its plan and the "
           "lanes each moves per thread (checked against the k/v output stores returning k and v adds)")
