@@ -210,3 +210,19 @@ def register_cpu_launch(launch, kv_launch) -> None:
     for name, inplace in ((ascendc.KV_OP_NAME, False), (ascendc.KV_INPLACE_OP_NAME, True)):
         lib.impl(name, ascendc.make_kv_impl(lambda *args: _cpu_launch[1](*args), inplace), "CPU")
     _cpu_library.append(lib)
+
+
+def poison_new_outputs(monkeypatch, allocator: str) -> None:
+    """Make ``ascendc.<allocator>`` (``_outputs``, ``_kv_outputs``) hand out its new outputs full of
+    NaN, so an element the kernel does not write fails the comparison with the reference (in-place
+    calls' outputs are views of qkv and stay as they are)."""
+    allocate = getattr(ascendc, allocator)
+
+    def poisoned(qkv, call):
+        outputs = allocate(qkv, call)
+        if not call.inplace:
+            for out in outputs:
+                out.fill_(float("nan"))
+        return outputs
+
+    monkeypatch.setattr(ascendc, allocator, poisoned)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from host_sim import SimViolation, byte_mask
+from host_sim import SimViolation, byte_mask, poison_new_outputs
 from vllm_ascend_ext import ascendc
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.device import ascend_facts
@@ -190,16 +190,7 @@ def make_inputs(case: Case, gen: torch.Generator) -> dict:
 def _poisoned_outputs(monkeypatch):
     """Every new output the AscendC ops allocate starts as NaN: an element the kernel does not
     write fails the comparison with the reference."""
-    allocate = ascendc._outputs
-
-    def poisoned(qkv, call):
-        outputs = allocate(qkv, call)
-        if not call.inplace:
-            for out in outputs:
-                out.fill_(float("nan"))
-        return outputs
-
-    monkeypatch.setattr(ascendc, "_outputs", poisoned)
+    poison_new_outputs(monkeypatch, "_outputs")
 
 
 def run_case(case: Case, host_sim, seed: int = 0):

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from host_sim import byte_mask
+from host_sim import byte_mask, poison_new_outputs
 from test_split_qkv_rmsnorm_rope_ascendc import Case, assert_close, make_inputs
 from vllm_ascend_ext import ascendc, custom_ops, impl
 from vllm_ascend_ext.ops import reference, validation
@@ -122,16 +122,7 @@ _PROLOGUE = ("qkv", "q_weight", "k_weight", "cos_sin_cache", "positions", "num_q
 @pytest.fixture(autouse=True)
 def _poisoned_outputs(monkeypatch):
     """New outputs start as NaN: an element the kernel does not write fails the comparison."""
-    allocate = ascendc._kv_outputs
-
-    def poisoned(qkv, call):
-        outputs = allocate(qkv, call)
-        if not call.inplace:
-            for out in outputs:
-                out.fill_(float("nan"))
-        return outputs
-
-    monkeypatch.setattr(ascendc, "_kv_outputs", poisoned)
+    poison_new_outputs(monkeypatch, "_kv_outputs")
 
 
 def near_tie(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
