@@ -36,10 +36,11 @@ must move, per thread, at least as many lanes as those output stores at the wide
 narrowest: a bf16 NHD/HND row goes to the cache as wide as to ``k_out`` (16 bytes a thread in
 the large plan), an int8 or fp8 one at the same lanes or more (half the bytes), and an NZ row
 the same, since a 32-byte fractal column holds more lanes than one 16-byte vector store. An
-fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``. The table is compiled at TP 1/2/4/8
-and at 16 for the rows that run at it (MiniMax-M2), and for the rows normalised across heads
-(``split_qkv_tp_rmsnorm_rope``) the first kernel too, the sums of squares (``[sums]``), whose
-loads must be 16 bytes wide. It prints last ``compiled N/N CUDA
+fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``, and an int8 or fp8 cache divide by
+its scale with ``div.rn.f32`` (IEEE; Triton's ``/`` is ``div.full.f32``, within 2 ulp). The
+table is compiled at TP 1/2/4/8 and at 16 for the rows that run at it (MiniMax-M2), and for the
+rows normalised across heads (``split_qkv_tp_rmsnorm_rope``) the first kernel too, the sums of
+squares (``[sums]``), whose loads must be 16 bytes wide. It prints last ``compiled N/N CUDA
 kernel plans ...`` and exits non-zero on any failure.
 """
 
@@ -167,6 +168,7 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None, kv: KVForm |
             "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
             "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)),
             "fp8_cvt": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
+            "div_rn": len(re.findall(r"div\.rn\.f32", ptx)),
             "kinds": collections.Counter(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx)), **_ptxas_report(ptx)}
 
 
@@ -333,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                 # The kernel rounds onto the e4m3 grid itself; the cast must then be the hardware's
                 # saturating round-to-nearest-even one, which the CUDA reference agrees with.
                 problems.append("no cvt.rn.satfinite.e4m3x2.f32: the fp8 cast is not the saturating one")
+            if kv.cache in ("int8", "fp8_e4m3") and not row["div_rn"]:
+                # y / scale must be IEEE's division: Triton's `/` is div.full.f32 (within 2 ulp),
+                # which put exact fp32 ties on the wrong side (perf-notes v9).
+                problems.append("no div.rn.f32: the division by the scale is not the IEEE one")
             if kv.return_kv:
                 without, error = results[_key(geometry, small, kv_plan=True)]
                 no_kv_out, error2 = results[_key(geometry, small, kv=replace(kv, return_kv=False))]

@@ -172,10 +172,13 @@ def _round_fp8_e4m3(y):
     """fp32 ``y`` (``|y| <= 448``) rounded half to even onto the fp8 e4m3 grid, so the cast that
     follows is exact everywhere: 3 mantissa bits, the step of ``|y|``'s binade (``2**(e - 3)``,
     and ``2**-9`` below the smallest normal ``2**-6``). Triton's interpreter does not round its
-    fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit."""
+    fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit. Scaled by
+    the step's exact inverse (``2**(3 - e)``), not divided by the step: Triton's fp32 division on
+    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (perf-notes v9)."""
     binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
     step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
-    return ((y / step + 12582912.0) - 12582912.0) * step
+    inv_step = ((257 - binade) << 23).to(tl.float32, bitcast=True)
+    return ((y * inv_step + 12582912.0) - 12582912.0) * step
 
 
 @triton.jit
@@ -192,7 +195,9 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
     transposed key pages; a compile-time constant, so unit-stride stores stay vector stores).
     ``KV_QUANT`` 1 (int8) and 2 (fp8 e4m3) divide by the scale (one value, or ``KV_PER_CHANNEL``
     one per head and lane at ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half
-    to even.
+    to even. The division is IEEE's (``div_rn``): Triton's ``/`` is ``div.full.f32`` on CUDA,
+    within 2 ulp, and put values that are exact ties in fp32 on the wrong side of them (2-3 of
+    about 2M fp8 values a run on the H200, perf-notes v9).
     """
     if OUT:
         tl.store(out_base + lanes[None, None, :], y.to(out_base.dtype.element_ty), mask=mask)
@@ -206,9 +211,9 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
                 s_ok = head_ok[:, None] & (lanes < HEAD_DIM)[None, :]
                 s = tl.load(scale_ptr + head[:, None] * HEAD_DIM + lanes[None, :], mask=s_ok,
                             other=1.0).to(tl.float32)
-                y = y / s[None, :, :]
+                y = tl.math.div_rn(y, s[None, :, :])
             else:
-                y = y / tl.load(scale_ptr).to(tl.float32)
+                y = tl.math.div_rn(y, tl.load(scale_ptr).to(tl.float32))
             if KV_QUANT == 1:
                 # Saturate, then round half to even: adding and taking away 1.5 * 2**23 leaves
                 # an fp32 in [-128, 127] rounded to the integer grid (fp32 keeps no fraction there).

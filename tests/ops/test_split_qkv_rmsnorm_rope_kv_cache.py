@@ -34,7 +34,7 @@ import test_split_qkv_rmsnorm_rope as prologue_tests
 from test_split_qkv_rmsnorm_rope import PLANS, TOLERANCES, check_sentinels, plan_of, whole_rows
 from vllm_ascend_ext.ops import reference, tiling, validation
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope as prologue_op
-from vllm_ascend_ext.ops.models import AttentionGeometry
+from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
 from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache
 
@@ -766,8 +766,6 @@ def test_device_mismatch_names_the_argument(device):
 # Model sizes (compiled on a GPU: scripts/gpu_tests.sh).
 
 def _large(name: str, tp: int, layout: str, cache: str):
-    from vllm_ascend_ext.ops.models import model
-
     return pytest.param(model(name).shard(tp), layout, cache, id=f"{name}-tp{tp}-{layout}-{cache}")
 
 
@@ -800,6 +798,37 @@ def test_large(device, poisoned, geometry, layout, cache, tokens, plan):
     caches = make_caches(args, layout=layout, dtype=cache_dtype, per_channel=per_channel,
                          block_size=128 if layout == "cpu_vec" else 16)
     run_and_check(args, caches, plan)
+
+
+@pytest.mark.parametrize("cache", ["int8", "int8-per-channel", "fp8"])
+def test_quantised_cache_is_the_fp32_value_divided_and_rounded(device, cache):
+    """An int8 or fp8 cache holds exactly what the same call writes into an fp32 cache, divided by
+    the scale in IEEE fp32 (torch's division), saturated and rounded half to even, every value:
+    values that are exact ties in fp32 included, which the float64 comparisons above leave to
+    either side. Triton's ``/`` is ``div.full.f32`` on CUDA (within 2 ulp): with it 2-3 of about
+    2M fp8 values a run of this size came out on the wrong side of such a tie (perf-notes v9)."""
+    geometry = model("Qwen3-32B").shard(8)
+    tokens = LARGE_KV_TOKENS[-1]
+    cache_dtype, per_channel = CACHE_DTYPES[cache][1:]
+    args = make_inputs(geometry, tokens, device=device, max_position=4099)
+    f32 = reference.make_kv_cache(geometry, tokens, dtype=FP32, device=device)
+    q8 = reference.make_kv_cache(geometry, tokens, dtype=cache_dtype, device=device, per_channel=per_channel)
+    for name in ("k_scale", "v_scale"):
+        f32.pop(name)
+    q8["slot_mapping"] = f32["slot_mapping"]
+    split_qkv_rmsnorm_rope_kv_cache(**args, **f32)
+    split_qkv_rmsnorm_rope_kv_cache(**args, **q8)
+    slots = f32["slot_mapping"][f32["slot_mapping"] >= 0].long()
+    block, row = slots // 16, slots % 16
+    for which in ("key", "value"):
+        y = f32[f"{which}_cache"][block, row]  # [valid tokens, Hkv, D] (NHD)
+        scale = q8[f"{which[0]}_scale"].reshape(-1, geometry.head_dim) if per_channel else q8[f"{which[0]}_scale"]
+        ratio = (y / scale).clamp(-128.0 if cache_dtype == INT8 else -QMAX[FP8], QMAX[cache_dtype])
+        want = ratio.round().to(INT8) if cache_dtype == INT8 else ratio.to(FP8)
+        got = q8[f"{which}_cache"][block, row]
+        differ = got.float() != want.float()
+        assert not differ.any(), f"{which}: {int(differ.sum())} values differ, e.g. got " \
+            f"{got[differ][:4].float().tolist()} for y / scale = {ratio[differ][:4].tolist()}"
 
 
 @pytest.mark.skipif(not prologue_tests.COMPILED, reason="needs a GPU without the interpreter")
