@@ -307,7 +307,8 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     if inplace and shape.q_gate:
         raise ValueError("inplace=True cannot be combined with q_gate=True: q's heads sit 2*head_dim apart "
                          "in qkv, so q written in place is no [T, num_q_heads*head_dim] tensor")
-    return Call(shape=shape, num_tokens=qkv.shape[0], q_norm=q_weight is not None,
+    return Call(shape=replace(shape, qk_norm=q_weight is not None or k_weight is not None),
+                num_tokens=qkv.shape[0], q_norm=q_weight is not None,
                 k_norm=k_weight is not None, q_bias=q_bias is not None, k_bias=k_bias is not None,
                 eps=_finite("eps", eps, non_negative=True),
                 weight_offset=_finite("weight_offset", weight_offset), inplace=inplace,

@@ -56,6 +56,9 @@ class KernelShape:
     #: squares (``split_qkv_tp_rmsnorm_rope``'s second kernel): the weights are ``H*D`` values, so
     #: a tile holds ``[BLOCK_H, D]`` of them rather than ``[D]``, and no per-head sum is taken.
     norm_across_heads: bool = False
+    #: q or k is RMS-normalised (the kernel takes which from the call; only a CUDA plan rule
+    #: reads this: ``cuda.MROPE_WARPS``).
+    qk_norm: bool = True
 
     @classmethod
     def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
@@ -66,7 +69,7 @@ class KernelShape:
                    elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox,
                    q_gate=geometry.q_gate, v_norm=geometry.v_norm,
                    mrope=geometry.mrope_section is not None,
-                   norm_across_heads=geometry.qk_norm_across_heads)
+                   norm_across_heads=geometry.qk_norm_across_heads, qk_norm=geometry.qk_norm)
 
     @property
     def num_heads(self) -> int:

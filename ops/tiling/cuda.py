@@ -101,6 +101,27 @@ KV_MAX_REGISTERS = 128
 V_WITH_K_SMALL_K_BLOCKS = True
 
 
+#: mRoPE's large plan, with and without the KV-cache write, where q and k are normalised and q's
+#: heads fill at least ``MROPE_MIN_Q_BLOCKS`` blocks (and the tail is not chunked): 4 warps under a
+#: cap of 80 registers a thread, 12 programs an SM (the same tile; about 6 programs, 24 warps,
+#: resident an SM where the 2-warp plan had 8 programs, 16 warps). 32/8/128 interleaved (Qwen3-VL-8B
+#: TP 1), one run, two interleaved repeats: the prologue at T = 1024 / 4096 / 16384 13.55 -> 12.18 /
+#: 31.17 -> 29.59 / 98.08 -> 94.59 us, with the write 14.99 -> 13.59 / 35.95 -> 34.05 / 117.83 ->
+#: 113.35; caps of 72 and 88 and 10-24 programs an SM were slower or level (perf-notes v9 probe 1).
+#: Where it lost (probe 2), it is not used: without q/k norm (Qwen2.5-VL-7B 28/4/128, 3-5% slower),
+#: on a narrow shard (Qwen3-VL-8B TP 8, 4/1/128: 3-12% slower at T = 4096, its 1024 tiles no longer
+#: one wave at 6 programs an SM), with a chunked tail (Qwen3.5 gated: mixed, 7% faster to 4% slower); nor
+#: without mRoPE (32/8/128, 64/4/128, 8/1/128, v-norm: level or up to 6% slower, probe 1).
+MROPE_WARPS, MROPE_MAX_REGISTERS, MROPE_PROGRAMS_PER_SM = 4, 80, 12
+MROPE_MIN_Q_BLOCKS = 4
+#: The chunked-tail prologue (no cache write, no mRoPE): 4 warps, a cap of 80, 24 programs an SM.
+#: 16/2/256 R64 gated (Qwen3-Next TP 1) at T = 1024 / 4096 / 16384: 18.12 -> 17.91 / 45.73 -> 44.24 /
+#: 163.63 -> 156.98 us (16 programs an SM: 45.19 / 157.34); MiMo-V2-Flash 64/4/192 R64 at T = 4096 /
+#: 16384 69.36 -> 67.06 / 258.1 -> 236.7; Qwen3-Next TP 4 (4/1/256) 19.14 -> 19.28 / 49.72 -> 48.24
+#: (probes 1, 2). With the write the 2-warp plan stayed best at T <= 4096 (the gated layer 47.84
+#: against 48.31), so it keeps it. Chunks of 64 or 128 lanes instead of 32 were 7-79% slower (probe 0).
+CHUNKED_WARPS, CHUNKED_MAX_REGISTERS, CHUNKED_PROGRAMS_PER_SM = 4, 80, 24
+
 @dataclass(frozen=True)
 class CudaPlan(PlanBase):
     """A CUDA launch: ``block_tokens`` x (``block_heads`` q | ``kv_block_heads`` k) tiles."""
@@ -162,10 +183,11 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     (a rotary half, or the tail or tail chunk when it is wider). A tail of
     ``chunk_tail_min_lanes`` or more goes in chunks of a rotary half's width. The keyword
     arguments exist for the sweep; the defaults are the plan (``programs_per_sm``:
-    ``PROGRAMS_PER_SM``, ``KV_PROGRAMS_PER_SM`` with the KV-cache write).
+    ``PROGRAMS_PER_SM``, ``KV_PROGRAMS_PER_SM`` with the KV-cache write, whose kernel is capped at
+    ``KV_MAX_REGISTERS``). Normalised mRoPE layers of many q heads, and a chunked tail's prologue,
+    take at least 4 warps under a cap of 80 registers and their own programs per SM (``MROPE_*``,
+    ``CHUNKED_*``: where each was measured faster).
     """
-    if programs_per_sm is None:
-        programs_per_sm = KV_PROGRAMS_PER_SM if shape.kv_cache else PROGRAMS_PER_SM
     q_heads, k_heads = _block_heads(shape, max_block_heads)
     tail, chunked = 0, False
     if shape.pass_dim:
@@ -174,11 +196,16 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     tokens = prev_pow2(max(1, tile_elements // (q_heads * (2 * shape.half_pad + tail))))
     widest = tokens * q_heads * max(shape.half_pad, tail)
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
+    per_sm, cap = (KV_PROGRAMS_PER_SM, KV_MAX_REGISTERS) if shape.kv_cache else (PROGRAMS_PER_SM, 0)
+    if shape.mrope and shape.qk_norm and not chunked and -(-shape.num_q_heads // q_heads) >= MROPE_MIN_Q_BLOCKS:
+        warps, per_sm, cap = max(warps, MROPE_WARPS), MROPE_PROGRAMS_PER_SM, MROPE_MAX_REGISTERS
+    elif chunked and not shape.mrope and not shape.kv_cache:
+        warps, per_sm, cap = max(warps, CHUNKED_WARPS), CHUNKED_PROGRAMS_PER_SM, CHUNKED_MAX_REGISTERS
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
-                    max_programs=facts.num_sms * programs_per_sm, num_warps=warps,
+                    max_programs=facts.num_sms * (programs_per_sm or per_sm), num_warps=warps,
                     tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked,
                     v_in_k_tiles=V_WITH_K_SMALL_K_BLOCKS and shape.kv_cache and 2 * k_heads <= q_heads,
-                    max_registers=KV_MAX_REGISTERS if shape.kv_cache else 0)
+                    max_registers=cap)
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:

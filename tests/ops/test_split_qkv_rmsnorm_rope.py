@@ -14,6 +14,7 @@ no column of ``qkv`` (nor its row padding) changed except those the call writes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import math
 
@@ -646,6 +647,43 @@ def test_small_batches_get_the_small_batch_plan(geometry, per_sm):
     assert cuda.plan_for_tokens(shape, facts, most) == small
     assert cuda.plan_for_tokens(shape, facts, most + 1) == large
     assert large.num_tiles(shape, most) <= limit < large.num_tiles(shape, most + 1)
+
+
+#: The CUDA large plan's three kinds (perf-notes v9): (warps at least, register cap, programs per
+#: SM) of the prologue and of the cache write.
+_V8 = ((cuda.MIN_WARPS, 0, cuda.PROGRAMS_PER_SM),
+       (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.KV_PROGRAMS_PER_SM))
+_MROPE = (cuda.MROPE_WARPS, cuda.MROPE_MAX_REGISTERS, cuda.MROPE_PROGRAMS_PER_SM)
+_CHUNKED = (cuda.CHUNKED_WARPS, cuda.CHUNKED_MAX_REGISTERS, cuda.CHUNKED_PROGRAMS_PER_SM)
+
+
+@pytest.mark.parametrize("geometry, prologue, write", [
+    (model("Qwen3-VL-8B").shard(1), _MROPE, _MROPE),
+    (model("Qwen3-VL-30B-A3B").shard(1), _MROPE, _MROPE),
+    # mRoPE without q/k norm, on a shard of fewer than 4 q blocks, with a chunked tail: as before.
+    (model("Qwen2.5-VL-7B").shard(1), *_V8),
+    (model("Qwen3-VL-8B").shard(2), *_V8),
+    (model("Qwen3.5-35B-A3B").shard(1), *_V8),
+    # A chunked tail (no mRoPE): its own prologue plan, the write's as before.
+    (model("Qwen3-Next-80B-A3B").shard(1), _CHUNKED, _V8[1]),
+    (model("MiMo-V2-Flash-qk").shard(8), _CHUNKED, _V8[1]),
+    (model("Qwen3-8B").shard(1), *_V8),
+    (model("Qwen3-32B").shard(8), *_V8),
+], ids=lambda x: x.label if hasattr(x, "label") else str(x))
+def test_cuda_large_plan_rules(geometry, prologue, write):
+    """Which layers take the 4-warp, register-capped large plans, and that the call's shape (the
+    norm weights present or not) picks the same plan as the geometry's (so the worker's warm-up
+    compiles what the calls launch)."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    shape = KernelShape.of(geometry, 2, 4)
+    for kv, want in ((False, prologue), (True, write)):
+        p = cuda.plan(dataclasses.replace(shape, kv_cache=kv), facts)
+        assert p.num_warps >= want[0] and (p.max_registers, p.max_programs) == (want[1], want[2] * 132)
+    args = make_inputs(geometry, 3, device="cpu")
+    assert shape_of(args) == shape
+    if prologue == _MROPE:  # the same layer called without norm weights: the mRoPE rule is off
+        no_norm = shape_of(dict(args, q_weight=None, k_weight=None))
+        assert not no_norm.qk_norm and cuda.plan(no_norm, facts).max_registers == 0
 
 
 @gpu
