@@ -143,7 +143,7 @@ def _finite(name: str, value, *, non_negative: bool = False) -> float:
 
 def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, elem_bytes: int = 2,
              cache_bytes: int = 4, q_gate=False, v_norm=False, mrope=False,
-             norm_across_heads=False) -> KernelShape:
+             norm_across_heads=False, qk_norm=True) -> KernelShape:
     """Check a layer geometry; return its :class:`KernelShape`.
 
     Parameters
@@ -164,6 +164,8 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
     norm_across_heads : bool
         q and k are normalised across all heads (``split_qkv_tp_rmsnorm_rope``: MiniMax-M2);
         needs k (``num_kv_heads >= 1``) and none of q_gate, v_norm, mrope.
+    qk_norm : bool
+        q or k is RMS-normalised per head (a plan input: ``KernelShape.qk_norm``).
 
     Raises
     ------
@@ -195,7 +197,8 @@ def geometry(num_q_heads, num_kv_heads, head_dim, rotary_dim, *, is_neox=True, e
     return KernelShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rotary_dim=r,
                        elem_bytes=elem_bytes, cache_bytes=cache_bytes,
                        is_neox=_flag("is_neox", is_neox), q_gate=_flag("q_gate", q_gate),
-                       v_norm=v_norm, mrope=_flag("mrope", mrope), norm_across_heads=norm_across_heads)
+                       v_norm=v_norm, mrope=_flag("mrope", mrope), norm_across_heads=norm_across_heads,
+                       qk_norm=_flag("qk_norm", qk_norm))
 
 
 def mrope_section_of(mrope_section, rotary_dim: int) -> tuple[int, int, int] | None:
@@ -271,7 +274,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     mrope = positions.dim() == 2
     shape = geometry(num_q_heads, num_kv_heads, head_dim, cache.shape[1], is_neox=is_neox,
                      elem_bytes=qkv.element_size(), cache_bytes=cache.element_size(), q_gate=q_gate,
-                     v_norm=v_norm, mrope=mrope)
+                     v_norm=v_norm, mrope=mrope, qk_norm=q_weight is not None or k_weight is not None)
     section = mrope_section_of(mrope_section, shape.rotary_dim)
     mrope_interleaved = _flag("mrope_interleaved", mrope_interleaved)
     if mrope_interleaved and section is None:
@@ -307,8 +310,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     if inplace and shape.q_gate:
         raise ValueError("inplace=True cannot be combined with q_gate=True: q's heads sit 2*head_dim apart "
                          "in qkv, so q written in place is no [T, num_q_heads*head_dim] tensor")
-    return Call(shape=replace(shape, qk_norm=q_weight is not None or k_weight is not None),
-                num_tokens=qkv.shape[0], q_norm=q_weight is not None,
+    return Call(shape=shape, num_tokens=qkv.shape[0], q_norm=q_weight is not None,
                 k_norm=k_weight is not None, q_bias=q_bias is not None, k_bias=k_bias is not None,
                 eps=_finite("eps", eps, non_negative=True),
                 weight_offset=_finite("weight_offset", weight_offset), inplace=inplace,

@@ -35,6 +35,8 @@ def test_preset_plans_are_the_ops_plans(cli, spec):
     c = entry["cuda"]
     assert (c["block_tokens"], c["block_heads"], c["num_warps"]) == (c_plan.block_tokens, c_plan.block_heads,
                                                                      c_plan.num_warps)
+    assert (c["head_blocks"], c["max_registers"]) == (c_plan.head_blocks(shape), c_plan.max_registers)
+    assert a["head_blocks"] == a_plan.head_blocks(shape)
     c_small = cuda.small_batch_plan(shape, device.cuda_facts(None))
     small = c["small_batch"]
     assert (small["block_tokens"], small["block_heads"], small["num_warps"]) == (

@@ -503,7 +503,7 @@ def shard_checked(resolved: ResolvedModel, tp: int, elem_bytes: int = 2, cache_b
                                     geometry.rotary_dim, is_neox=geometry.is_neox, elem_bytes=elem_bytes,
                                     cache_bytes=cache_bytes, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
                                     mrope=geometry.mrope_section is not None,
-                                    norm_across_heads=geometry.qk_norm_across_heads)
+                                    norm_across_heads=geometry.qk_norm_across_heads, qk_norm=geometry.qk_norm)
         validation.mrope_section_of(geometry.mrope_section, geometry.rotary_dim)
     except ValueError as exc:
         message = str(exc)

@@ -119,7 +119,7 @@ def plans_for(resolved, tp: int, dtype: str, cache_dtype: str, ascend_facts, cud
             "soc": ascend_facts.soc, "vector_cores": ascend_facts.num_vector_cores,
             "facts_source": ascend_facts.source,
             "block_tokens": a_plan.block_tokens, "block_heads": a_plan.block_heads,
-            "head_blocks": shape.head_blocks(a_plan.block_heads),
+            "head_blocks": a_plan.head_blocks(shape),
             "max_programs": a_plan.max_programs,
             "ub_buffers": [{"name": b.name, "bytes": b.nbytes, "source": b.source} for b in a_plan.ub_buffers],
             "ub_bytes": a_plan.ub_bytes, "ub_capacity": a_plan.ub_capacity, "ub_budget": budget,
@@ -129,8 +129,9 @@ def plans_for(resolved, tp: int, dtype: str, cache_dtype: str, ascend_facts, cud
         "cuda": {
             "gpu": cuda_facts.name, "sms": cuda_facts.num_sms, "facts_source": cuda_facts.source,
             "block_tokens": c_plan.block_tokens, "block_heads": c_plan.block_heads,
-            "head_blocks": shape.head_blocks(c_plan.block_heads),
-            "num_warps": c_plan.num_warps, "max_programs": c_plan.max_programs,
+            "head_blocks": c_plan.head_blocks(shape),
+            "num_warps": c_plan.num_warps, "max_registers": c_plan.max_registers,
+            "max_programs": c_plan.max_programs,
             "small_batch": {"block_tokens": c_small.block_tokens, "block_heads": c_small.block_heads,
                             "num_warps": c_small.num_warps,
                             "max_tokens": c_small_max},
@@ -183,7 +184,9 @@ def format_plan(entry: dict, targets: str) -> str:
         lines.append(f"  CUDA {c['gpu']} ({c['sms']} SMs; facts: {c['facts_source']})")
         small = c["small_batch"]
         lines.append(f"    large plan: tile {c['block_tokens']} tokens x {c['block_heads']} heads, "
-                     f"{c['head_blocks']} head blocks, {c['num_warps']} warps, grid <= {c['max_programs']} programs")
+                     f"{c['head_blocks']} head blocks, {c['num_warps']} warps"
+                     + (f" (at most {c['max_registers']} registers a thread)" if c["max_registers"] else "")
+                     + f", grid <= {c['max_programs']} programs")
         lines.append(f"    small-batch plan (up to {small['max_tokens']} tokens): tile {small['block_tokens']} "
                      f"tokens x {small['block_heads']} heads, {small['num_warps']} warps")
         lines.append("    grid by tokens:")
