@@ -113,6 +113,8 @@ V_WITH_K_SMALL_K_BLOCKS = True
 #: one wave at 6 programs an SM), with a chunked tail (Qwen3.5 gated: mixed, 7% faster to 4% slower); nor
 #: without mRoPE (32/8/128, 64/4/128, 8/1/128, v-norm: level or up to 6% slower, probe 1).
 MROPE_WARPS, MROPE_MAX_REGISTERS, MROPE_PROGRAMS_PER_SM = 4, 80, 12
+#: ... from 4 blocks of q heads (32/8/128, 32/4/128 at TP 1): the one shard below it measured,
+#: 4/1/128 (1 block), was 3-12% slower; 2 blocks (TP 2) were not measured, so they keep the old plan.
 MROPE_MIN_Q_BLOCKS = 4
 #: The chunked-tail prologue (no cache write, no mRoPE): 4 warps, a cap of 80, 24 programs an SM.
 #: 16/2/256 R64 gated (Qwen3-Next TP 1) at T = 1024 / 4096 / 16384: 18.12 -> 17.91 / 45.73 -> 44.24 /
