@@ -57,7 +57,9 @@ themselves loaded as a vector: no scalar is ever read back out of a tile that is
 filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. The
 gather happens before the q/k branch (masked off for the gate's and v's tiles), or
 (``ROWS_AFTER_DATA``) in q's and k's arms after the head block's own loads are issued, so that
-their latency overlaps the positions -> rows chain. With the KV-cache write (the ``KV_*``
+their latency overlaps the positions -> rows chain. With ``POS_AHEAD`` (a plan's choice) a
+program loads the positions (and KV-cache slots) of its next tile while it works on the current
+one, so that chain starts from registers after the first tile. With the KV-cache write (the ``KV_*``
 constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's stores go to the paged cache
 through ``_store``, quantised there for an int8 or fp8 cache.
 """
@@ -401,14 +403,17 @@ def _row_block(
 
 
 @triton.jit
-def _kv_rows(slot_ptr, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr):
+def _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr,
+             LOADED: tl.constexpr):
     """With ``KV``: each token's row offset in the paged cache (slot ``s`` is block
     ``s // block_size``, row ``s % block_size``; ``offset`` where the layout puts element 0) and
-    whether it has a slot (negative: padding, nothing written). The slot is split into block and
+    whether it has a slot (negative: padding, nothing written). The slots are ``slot`` when
+    ``LOADED`` (loaded ahead by :func:`_positions`), else loaded here. The slot is split into block and
     row in 32 bits (the validator caps a cache at ``kv_cache.MAX_SLOTS``); the block's offset is
     64-bit. Without ``KV``: placeholders the stores never use."""
     if KV:
-        slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1)
+        if not LOADED:
+            slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1)
         kv_tok_ok = tok_ok & (slot >= 0)
         slot = tl.maximum(slot, 0).to(tl.int32)
         block = slot // block_size
@@ -417,6 +422,30 @@ def _kv_rows(slot_ptr, tok64, tok_ok, block_size, block_stride, slot_stride, off
         kv_tok_ok = tok_ok
         kv_rows = tok64
     return kv_rows, kv_tok_ok
+
+
+@triton.jit
+def _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride, pos_axis_stride, BLOCK_T: tl.constexpr,
+               HEAD_BLOCKS: tl.constexpr, MROPE: tl.constexpr, SLOTS: tl.constexpr, Q_BLOCKS: tl.constexpr,
+               G_END: tl.constexpr, K_END: tl.constexpr):
+    """The positions of tile ``tile``'s tokens (``[BLOCK_T]``; 0 past the last token, so a tile
+    past the end loads nothing): the t, h and w axes' with ``MROPE``, else the one axis three
+    times; and with ``SLOTS`` their KV-cache slots where the tile is k's or v's (else -1)."""
+    tok = (tile // HEAD_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = tok < num_tokens
+    tok64 = tok.to(tl.int64)
+    at = pos_ptr + tok64 * pos_stride
+    pos = tl.load(at, mask=tok_ok, other=0)
+    if SLOTS:
+        head_block = tile % HEAD_BLOCKS
+        kv_tile = (head_block >= Q_BLOCKS) & ((head_block < K_END) | (head_block >= G_END))
+        slot = tl.load(slot_ptr + tok64, mask=tok_ok & kv_tile, other=-1)
+    else:
+        slot = tok64
+    if MROPE:
+        return (pos, tl.load(at + pos_axis_stride, mask=tok_ok, other=0),
+                tl.load(at + 2 * pos_axis_stride, mask=tok_ok, other=0), slot)
+    return pos, pos, pos, slot
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride", "sums_tp"])
@@ -439,7 +468,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr,
+    ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr, POS_AHEAD: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
     NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
@@ -473,6 +502,10 @@ def _split_qkv_rmsnorm_rope_kernel(
     jp = 2 * HALF + tl.arange(0, TAIL_W)
     jq = 2 * HALF + TAIL_W + tl.arange(0, TAIL_W2 if TAIL_W2 > 0 else 1)
 
+    if POS_AHEAD:
+        pos_t_next, pos_h_next, pos_w_next, slot_next = _positions(
+            pos_ptr, slot_ptr, tl.program_id(0), num_tokens, pos_stride, pos_axis_stride, BLOCK_T, HEAD_BLOCKS,
+            MROPE, KV_CACHE, Q_BLOCKS, G_END, K_END)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         head_block = tile % HEAD_BLOCKS
         tok = (tile // HEAD_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -481,12 +514,21 @@ def _split_qkv_rmsnorm_rope_kernel(
 
         # Positions as vectors (one per axis with mRoPE), clamped into the cache: the offsets of
         # the tile's cos/sin rows, gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the
-        # head block after its own loads.
-        pos = tl.load(pos_ptr + tok64 * pos_stride, mask=tok_ok, other=0)
-        rows = tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64) * cache_stride
+        # head block after its own loads. With POS_AHEAD they (and the KV-cache slots) were loaded
+        # during the program's previous tile, and the next tile's are loaded now: the gather and
+        # the cache addresses wait on no load.
+        if POS_AHEAD:
+            pos_t, pos_h, pos_w, slot = pos_t_next, pos_h_next, pos_w_next, slot_next
+            pos_t_next, pos_h_next, pos_w_next, slot_next = _positions(
+                pos_ptr, slot_ptr, tile + tl.num_programs(0), num_tokens, pos_stride, pos_axis_stride, BLOCK_T,
+                HEAD_BLOCKS, MROPE, KV_CACHE, Q_BLOCKS, G_END, K_END)
+        else:
+            # (The slots are loaded by k's and v's arms.)
+            pos_t, pos_h, pos_w, slot = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride,
+                                                   pos_axis_stride, BLOCK_T, HEAD_BLOCKS, MROPE, False,
+                                                   Q_BLOCKS, G_END, K_END)
+        rows = tl.minimum(tl.maximum(pos_t, 0), max_position - 1).to(tl.int64) * cache_stride
         if MROPE:
-            pos_h = tl.load(pos_ptr + pos_axis_stride + tok64 * pos_stride, mask=tok_ok, other=0)
-            pos_w = tl.load(pos_ptr + 2 * pos_axis_stride + tok64 * pos_stride, mask=tok_ok, other=0)
             rows_h = tl.minimum(tl.maximum(pos_h, 0), max_position - 1).to(tl.int64) * cache_stride
             rows_w = tl.minimum(tl.maximum(pos_w, 0), max_position - 1).to(tl.int64) * cache_stride
         else:
@@ -514,11 +556,11 @@ def _split_qkv_rmsnorm_rope_kernel(
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, k_block_stride,
-                                              k_slot_stride, k_offset, KV_CACHE)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
+                                              k_slot_stride, k_offset, KV_CACHE, POS_AHEAD)
                 if V_WITH_K and (V_NORM or KV_CACHE):
-                    v_rows, v_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
-                                                v_slot_stride, v_offset, KV_CACHE)
+                    v_rows, v_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
+                                                v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
                             k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
                             jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
@@ -545,8 +587,8 @@ def _split_qkv_rmsnorm_rope_kernel(
             if V_BLOCKS:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, tok64, tok_ok, block_size, v_block_stride,
-                                              v_slot_stride, v_offset, KV_CACHE)
+                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
+                                              v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
                 _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, v_head,
                            NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
                            v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
@@ -722,7 +764,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         Q_GATE=shape.q_gate, V_NORM=shape.v_norm, MROPE=shape.mrope, SEC_T=sec_t, SEC_H=sec_h,
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
-        ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k,
+        ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k, POS_AHEAD=plan.positions_ahead,
         # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
         # weights of H*D values.
         NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,

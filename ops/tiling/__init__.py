@@ -164,6 +164,13 @@ class PlanBase:
         return False
 
     @property
+    def positions_ahead(self) -> bool:
+        """Load the positions of a program's next tile while it works on the current one (the
+        kernel's ``POS_AHEAD``), so the cos/sin gather waits on no load after the first tile;
+        off unless a backend measured it better."""
+        return False
+
+    @property
     def v_with_k(self) -> bool:
         """Move v's heads (when written: normalised, or into the KV cache) in the tile of the same
         k heads, after k's, rather than in head blocks of their own; off unless a backend measured
