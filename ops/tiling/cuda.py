@@ -124,6 +124,39 @@ MROPE_MIN_Q_BLOCKS = 4
 #: against 48.31), so it keeps it. Chunks of 64 or 128 lanes instead of 32 were 7-79% slower (probe 0).
 CHUNKED_WARPS, CHUNKED_MAX_REGISTERS, CHUNKED_PROGRAMS_PER_SM = 4, 80, 24
 
+#: Load the positions (and, with the write, the slots) of a program's next tile while it works on
+#: the current one (``PlanBase.positions_ahead``) in the large plans where q's heads fill at most
+#: this many blocks, k is present and the tail is held whole. Each program then runs several tiles
+#: (T >= 4096), and without it every tile's cos/sin gather and cache addresses wait on a load
+#: (Nsight Compute, 8/1/128 at T = 4096: long-scoreboard stalls 4.33 -> 3.37 cycles an instruction,
+#: 8.74 -> 8.19 us). One run, two interleaved repeats, T = 4096 / 16384, prologue: 8/1/128 11.97 ->
+#: 11.20 / 27.78 -> 26.70 us, 8/2/128 12.22 -> 11.55 / 29.86 -> 28.48, 4/1/128 9.54 -> 9.25 / 18.46
+#: -> 17.70, 16/2/128 16.51 -> 16.00 / 45.86 -> 45.28, mRoPE 4/1/128 10.94 -> 10.50 / 23.39 -> 22.30,
+#: Gemma-4-E2B 8/1/256 v-norm 20.00 -> 19.46 / 57.02 -> 55.81, 8/1/512 v-norm 34.08 -> 32.42 / 109.79
+#: -> 105.31, Gemma-4-26B-A4B 16/2/512 v-norm 52.74 -> 51.23 / 184.86 -> 180.80; with the write (at
+#: ``POS_AHEAD_KV_PROGRAMS_PER_SM``) 8/1/128 12.83 -> 12.03 / 31.30 -> 29.95, 8/2/128 13.66 -> 13.18 /
+#: 34.82 -> 33.92, 16/2/128 18.43 -> 17.95 / 50.88 -> 50.50, mRoPE 8/2/128 16.29 -> 14.11 / 40.69 ->
+#: 35.07, 4/1/128 12.26 -> 10.75 / 27.39 -> 22.21, 16/4/128 23.23 -> 20.90 / 64.58 -> 60.54, the
+#: v-norm layers 1.5-2.8% faster (perf-notes v10 probes 0-2). With more blocks it was mixed
+#: (32/8/128: 1.3% faster at T = 4096, 1.2% slower at 16384; 64/4/128 0.8% and 2.3% slower), with a
+#: chunked tail slower (the gated layer, 1.7-2% in both ops).
+POS_AHEAD_MAX_Q_BLOCKS = 2
+#: ... but an mRoPE prologue in this plan only where k's block holds at most this many heads: there
+#: it was faster (4/1/128 above; Qwen2.5-VL-7B TP 4, 7/1/128, 11.14 -> 10.85 / 25.76 -> 24.64), with
+#: more it lost at T = 16384 (8/2/128 14.21 -> 13.89 / 34.75 -> 35.94; 16/4/128 20.06 -> 20.29 /
+#: 56.26 -> 60.13; perf-notes v10 probes 1, 2). Why is not known.
+POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS = 1
+#: ... there the write runs 8 programs an SM, not ``KV_PROGRAMS_PER_SM``: with POS_AHEAD, 8 was
+#: faster than 16 on 8/1/128 (T = 4096: 12.93 -> 12.03 us), 8/2/128 (13.60 -> 13.18), 4/1/128
+#: (16384: 21.15 -> 20.80) and 16/2/128 at T = 4096 (18.30 -> 17.95; 0.7% slower at 16384).
+POS_AHEAD_KV_PROGRAMS_PER_SM = 8
+#: The mRoPE plan (``MROPE_*``) loads positions ahead too: its prologue on 32/8/128 (Qwen3-VL-8B)
+#: T = 4096 / 16384 29.70 -> 28.80 / 94.78 -> 92.45 us, 32/4/128 (Qwen3-VL-30B-A3B) 28.51 -> 27.52 /
+#: 88.58 -> 85.02; with the write only where v moves in k's tiles (``V_WITH_K_SMALL_K_BLOCKS``):
+#: 32/4/128 31.81 -> 29.92 / 98.34 -> 95.52, where 32/8/128 (k's block as large as q's) went
+#: 34.30 -> 34.08 / 113.34 -> 115.71 (perf-notes v10 probes 0, 1).
+POS_AHEAD_MROPE = True
+
 @dataclass(frozen=True)
 class CudaPlan(PlanBase):
     """A CUDA launch: ``block_tokens`` x (``block_heads`` q | ``kv_block_heads`` k) tiles."""
@@ -135,6 +168,7 @@ class CudaPlan(PlanBase):
     two_piece_tail: bool = False  # a whole tail that is no power of two held as two pieces
     v_in_k_tiles: bool = False  # the kernel's V_WITH_K
     max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg); 0: no cap
+    pos_ahead: bool = False  # the kernel's POS_AHEAD
 
     @property
     def rows_after_data(self) -> bool:
@@ -143,6 +177,10 @@ class CudaPlan(PlanBase):
     @property
     def v_with_k(self) -> bool:
         return self.v_in_k_tiles
+
+    @property
+    def positions_ahead(self) -> bool:
+        return self.pos_ahead
 
     def tail_width(self, shape: KernelShape) -> int:
         if self.tail_lanes:
@@ -188,7 +226,8 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     ``PROGRAMS_PER_SM``, ``KV_PROGRAMS_PER_SM`` with the KV-cache write, whose kernel is capped at
     ``KV_MAX_REGISTERS``). Normalised mRoPE layers of many q heads, and a chunked tail's prologue,
     take at least 4 warps under a cap of 80 registers and their own programs per SM (``MROPE_*``,
-    ``CHUNKED_*``: where each was measured faster).
+    ``CHUNKED_*``: where each was measured faster). Layers of at most ``POS_AHEAD_MAX_Q_BLOCKS``
+    blocks of q heads, and the mRoPE plan, load the next tile's positions ahead (``POS_AHEAD_*``).
     """
     q_heads, k_heads = _block_heads(shape, max_block_heads)
     tail, chunked = 0, False
@@ -199,15 +238,23 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     widest = tokens * q_heads * max(shape.half_pad, tail)
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
     per_sm, cap = (KV_PROGRAMS_PER_SM, KV_MAX_REGISTERS) if shape.kv_cache else (PROGRAMS_PER_SM, 0)
-    if shape.mrope and shape.qk_norm and not chunked and -(-shape.num_q_heads // q_heads) >= MROPE_MIN_Q_BLOCKS:
+    q_blocks = -(-shape.num_q_heads // q_heads)
+    v_with_k = V_WITH_K_SMALL_K_BLOCKS and shape.kv_cache and 2 * k_heads <= q_heads
+    ahead = False
+    if shape.mrope and shape.qk_norm and not chunked and q_blocks >= MROPE_MIN_Q_BLOCKS:
         warps, per_sm, cap = max(warps, MROPE_WARPS), MROPE_PROGRAMS_PER_SM, MROPE_MAX_REGISTERS
+        ahead = POS_AHEAD_MROPE and (v_with_k or not shape.kv_cache)
     elif chunked and not shape.mrope and not shape.kv_cache:
         warps, per_sm, cap = max(warps, CHUNKED_WARPS), CHUNKED_PROGRAMS_PER_SM, CHUNKED_MAX_REGISTERS
+    elif not chunked and shape.num_kv_heads and q_blocks <= POS_AHEAD_MAX_Q_BLOCKS:
+        if shape.kv_cache:
+            ahead, per_sm = True, POS_AHEAD_KV_PROGRAMS_PER_SM
+        else:
+            ahead = not shape.mrope or k_heads <= POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * (programs_per_sm or per_sm), num_warps=warps,
                     tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked,
-                    v_in_k_tiles=V_WITH_K_SMALL_K_BLOCKS and shape.kv_cache and 2 * k_heads <= q_heads,
-                    max_registers=cap)
+                    v_in_k_tiles=v_with_k, max_registers=cap, pos_ahead=ahead)
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:

@@ -48,7 +48,8 @@ POISON = {torch.float32: float("nan"), torch.float16: float("nan"), torch.bfloat
 BACKENDS = ("ascend", "cuda-large", "cuda-small")
 #: The feature tests' plans: :data:`BACKENDS` and ``small-tiles``, a forced plan of 2 tokens x 2
 #: heads per tile (q, k, gate and v heads alike), the pass-through tail cut into 4-lane chunks and
-#: 5 programs walking the tiles grid-stride, so small sizes cross every block of every arm.
+#: 5 programs walking the tiles grid-stride (loading the next tile's positions ahead), so small
+#: sizes cross every block of every arm.
 #: ``two-piece`` holds a tail that is no power of two as two pieces (what the CUDA small-batch plan
 #: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it) and moves v
 #: (when written) in k's tiles.
@@ -96,7 +97,7 @@ def plan_of(kind: str, shape: KernelShape, device) -> tiling.PlanBase:
         return ascend.plan(shape, device_facts.ascend_facts(None))
     if kind == "small-tiles":
         return CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=2, max_programs=5, num_warps=4,
-                        tail_lanes=4 if shape.pass_dim else 0, late_rows=False)
+                        tail_lanes=4 if shape.pass_dim else 0, late_rows=False, pos_ahead=True)
     if kind == "two-piece":
         plan = CudaPlan(block_tokens=16, block_heads=2, kv_block_heads=2, max_programs=5, num_warps=1,
                         two_piece_tail=True, v_in_k_tiles=True)
@@ -649,36 +650,47 @@ def test_small_batches_get_the_small_batch_plan(geometry, per_sm):
     assert large.num_tiles(shape, most) <= limit < large.num_tiles(shape, most + 1)
 
 
-#: The CUDA large plan's three kinds (perf-notes v9): (warps at least, register cap, programs per
+#: The CUDA large plan's kinds (perf-notes v9, v10): (warps at least, register cap, programs per
 #: SM) of the prologue and of the cache write.
 _V8 = ((cuda.MIN_WARPS, 0, cuda.PROGRAMS_PER_SM),
        (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.KV_PROGRAMS_PER_SM))
+_FEW = (_V8[0], (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.POS_AHEAD_KV_PROGRAMS_PER_SM))
 _MROPE = (cuda.MROPE_WARPS, cuda.MROPE_MAX_REGISTERS, cuda.MROPE_PROGRAMS_PER_SM)
 _CHUNKED = (cuda.CHUNKED_WARPS, cuda.CHUNKED_MAX_REGISTERS, cuda.CHUNKED_PROGRAMS_PER_SM)
 
 
-@pytest.mark.parametrize("geometry, prologue, write", [
-    (model("Qwen3-VL-8B").shard(1), _MROPE, _MROPE),
-    (model("Qwen3-VL-30B-A3B").shard(1), _MROPE, _MROPE),
-    # mRoPE without q/k norm, on a shard of fewer than 4 q blocks, with a chunked tail: as before.
-    (model("Qwen2.5-VL-7B").shard(1), *_V8),
-    (model("Qwen3-VL-8B").shard(2), *_V8),
-    (model("Qwen3.5-35B-A3B").shard(1), *_V8),
+@pytest.mark.parametrize("geometry, prologue, write, ahead", [
+    # The mRoPE plan: positions ahead in the prologue, and in the write where v moves with k.
+    (model("Qwen3-VL-8B").shard(1), _MROPE, _MROPE, (True, False)),
+    (model("Qwen3-VL-30B-A3B").shard(1), _MROPE, _MROPE, (True, True)),
+    # mRoPE without q/k norm on four blocks of q heads, with a chunked tail: as before.
+    (model("Qwen2.5-VL-7B").shard(1), *_V8, (False, False)),
+    (model("Qwen3.5-35B-A3B").shard(1), *_V8, (False, False)),
     # A chunked tail (no mRoPE): its own prologue plan, the write's as before.
-    (model("Qwen3-Next-80B-A3B").shard(1), _CHUNKED, _V8[1]),
-    (model("MiMo-V2-Flash-qk").shard(8), _CHUNKED, _V8[1]),
-    (model("Qwen3-8B").shard(1), *_V8),
-    (model("Qwen3-32B").shard(8), *_V8),
+    (model("Qwen3-Next-80B-A3B").shard(1), _CHUNKED, _V8[1], (False, False)),
+    (model("MiMo-V2-Flash-qk").shard(8), _CHUNKED, _V8[1], (False, False)),
+    (model("Qwen3-8B").shard(1), *_V8, (False, False)),
+    # One or two blocks of q heads with k: positions ahead, the write at 8 programs an SM.
+    (model("Qwen3-32B").shard(8), *_FEW, (True, True)),
+    (model("Qwen3-32B").shard(4), *_FEW, (True, True)),
+    (model("Qwen3-VL-8B").shard(8), *_FEW, (True, True)),
+    (model("Qwen2.5-VL-7B").shard(4), *_FEW, (True, True)),
+    # ... an mRoPE prologue there only where k's block holds one head.
+    (model("Qwen3-VL-8B").shard(4), *_FEW, (False, True)),
+    (model("Qwen3-VL-8B").shard(2), *_FEW, (False, True)),
+    # ... not a q-only layer (not measured).
+    (model("Gemma-4-E2B:sliding-kv-shared").shard(1), *_V8, (False, False)),
 ], ids=lambda x: x.label if hasattr(x, "label") else str(x))
-def test_cuda_large_plan_rules(geometry, prologue, write):
-    """Which layers take the 4-warp, register-capped large plans, and that the call's shape (the
-    norm weights present or not) picks the same plan as the geometry's (so the worker's warm-up
-    compiles what the calls launch)."""
+def test_cuda_large_plan_rules(geometry, prologue, write, ahead):
+    """Which layers take the 4-warp, register-capped large plans and which load positions ahead,
+    and that the call's shape (the norm weights present or not) picks the same plan as the
+    geometry's (so the worker's warm-up compiles what the calls launch)."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
     shape = KernelShape.of(geometry, 2, 4)
-    for kv, want in ((False, prologue), (True, write)):
+    for kv, want, want_ahead in ((False, prologue, ahead[0]), (True, write, ahead[1])):
         p = cuda.plan(dataclasses.replace(shape, kv_cache=kv), facts)
         assert p.num_warps >= want[0] and (p.max_registers, p.max_programs) == (want[1], want[2] * 132)
+        assert p.positions_ahead is want_ahead
     args = make_inputs(geometry, 3, device="cpu")
     assert shape_of(args) == shape
     if prologue == _MROPE:  # the same layer called without norm weights: the mRoPE rule is off
