@@ -202,8 +202,12 @@ def scatter(caches: Caches, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Ten
 
 def fp8_step(a: torch.Tensor) -> torch.Tensor:
     """The e4m3 grid step at magnitude ``a``: ``2**(e - 3)`` in binade ``[2**e, 2**(e+1))``,
-    ``2**-9`` below the smallest normal ``2**-6``."""
-    return torch.exp2(torch.floor(torch.log2(a.clamp(min=2.0**-6))) - 3)
+    ``2**-9`` below the smallest normal ``2**-6``. The binade comes from ``frexp`` (exact), not
+    ``floor(log2(a))``: CUDA's float64 ``log2`` returns 2.9999999999999996 for 8 and
+    5.999999999999999 for 64 (H200, ``perf-runs/v10-3-log2-h200.txt``), which halved the step there
+    and failed one-step differences at a tie (the fp8 failures of perf-notes v8 and v10)."""
+    _, exponent = torch.frexp(a.clamp(min=2.0**-6))  # a = m * 2**exponent, 0.5 <= m < 1
+    return torch.ldexp(torch.ones_like(a), exponent - 4)
 
 
 def near_tie(ratio: torch.Tensor, dtype) -> torch.Tensor:
@@ -229,9 +233,12 @@ def check_cache_values(dtype, got: torch.Tensor, want: torch.Tensor, tie: torch.
         got = got.float().double()
         off = got != want
         step = fp8_step(torch.minimum(got[off].abs(), want[off].abs()))
-        assert bool(((got[off] - want[off]).abs() <= step).all() and tie[off].all()), \
-            f"{name}: fp8 differs from the reference away from a tie: got {got[off][:8].tolist()}, " \
+        assert bool(((got[off] - want[off]).abs() <= step).all()), \
+            f"{name}: fp8 more than one step from the reference: got {got[off][:8].tolist()}, " \
             f"want {want[off][:8].tolist()}"
+        assert bool(tie[off].all()), \
+            f"{name}: fp8 one step from the reference away from a tie: got {got[off][~tie[off]][:8].tolist()}, " \
+            f"want {want[off][~tie[off]][:8].tolist()}"
     elif exact:
         assert torch.equal(got.double(), want), f"{name}: does not hold qkv's v exactly"
     else:
