@@ -45,7 +45,10 @@ tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when
 wide tail into chunks (summed in a first pass, loaded again to be scaled in a second), so only
 one chunk is live at a time. The gate's and v's heads, never rotated, are held as whole rows of
 ``D`` lanes padded to a power of two (``_row_block``); v's heads come in blocks of their own, or
-(``V_WITH_K``, a plan's choice) in the tile of the same k heads, after k's stores. Programs walk
+(``V_WITH_K``, a plan's choice) in the tile of the same k heads, after k's stores. With
+``WHOLE_ROW`` (a plan's choice) q's and k's heads are held that way too (``_whole_row_block``):
+each rotary lane loads its pair's element a second time and picks its sign and cos/sin frequency
+by lane, so no halves, no tail pieces. Programs walk
 the tiles grid-stride (head block fastest, so neighbours share cos/sin rows); the number of
 tiles is computed from the token count at run time, so one compiled kernel serves every batch
 size. The tile shape, the tail chunks, the
@@ -227,6 +230,61 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
 
 
 @triton.jit
+def _whole_row_block(
+    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows, rows_h, rows_w,
+    w_ptr, b_ptr, weight_offset, eps, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
+    MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr, INTERLEAVED: tl.constexpr,
+    kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
+    OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
+    KV_PER_CHANNEL: tl.constexpr, sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
+):
+    """:func:`_head_block` with each head held as one contiguous row of ``HEAD_PAD`` lanes
+    (``WHOLE_ROW``): no rotary halves, no tail pieces or chunks. Each rotary lane ``d < R`` also
+    loads its pair's other element (NeoX: ``d +- R/2``; GPT-J: ``d ^ 1``), a second read of the
+    ``R`` rotary lanes that the first one brought into L1, and its weight; then
+    ``y = x' * cos - x'_pair * sin`` on a pair's first lane, ``x' * cos + x'_pair * sin`` on its
+    second, ``x'`` on the tail (``x'`` normalised). cos/sin are gathered after the data loads are
+    issued, lane ``d`` reading frequency ``d mod R/2`` (NeoX) or ``d // 2`` (GPT-J). Stores as
+    :func:`_head_block` does."""
+    head_ok = head < num_heads
+    d = tl.arange(0, HEAD_PAD)
+    d_ok = d < HEAD_DIM
+    rot = d < 2 * HALF
+    if IS_NEOX:
+        first = d < HALF
+        pair = tl.where(first, d + HALF, d - HALF)
+        freq = tl.where(first, d, d - HALF)
+    else:
+        first = (d % 2) == 0
+        pair = d ^ 1
+        freq = d // 2
+    row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
+    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
+    x = tl.load(src + d[None, None, :], mask=row_ok & d_ok[None, None, :], other=0.0).to(tl.float32)
+    xp = tl.load(src + pair[None, None, :], mask=row_ok & rot[None, None, :], other=0.0).to(tl.float32)
+    if NORM:
+        if NORM_SUMS:
+            # [BLOCK_T, 1]: one rstd per token, for every head of the block (as _head_block).
+            sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
+        else:
+            rstd = tl.rsqrt(tl.sum(x * x, axis=2) / HEAD_DIM + eps)
+        w = _weight(w_ptr, d, d_ok, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
+        wp = _weight(w_ptr, pair, rot, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
+        x = _affine(x, rstd, w, _load_affine(b_ptr, d, d_ok, 0.0, BIAS, 0.0), BIAS, ELEM_W)
+        xp = _affine(xp, rstd, wp, _load_affine(b_ptr, pair, rot, 0.0, BIAS, 0.0), BIAS, ELEM_W)
+    cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, freq, rot, tok_ok, HALF, MROPE, SEC_T, SEC_H, SEC_W,
+                        INTERLEAVED)
+    y = tl.where(rot[None, None, :], x * cos + tl.where(first[None, None, :], -xp, xp) * sin, x)
+    dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+    kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
+    kv_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None] & d_ok[None, None, :]
+    _store(dst, kv_dst, kv_ptr, d, y, row_ok & d_ok[None, None, :], kv_ok, scale_ptr, head, head_ok, KV_LANE,
+           kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+
+
+@triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
     rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
@@ -239,7 +297,7 @@ def _head_block(
     kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
-    sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
+    sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr, WHOLE_ROW: tl.constexpr, HEAD_PAD: tl.constexpr,
 ):
     """Normalise (``NORM``: with the tensor's weight) and rotate one block of heads of q or k:
     load, math, store. (The gate and v, never rotated, go through :func:`_row_block`.)
@@ -268,111 +326,118 @@ def _head_block(
     elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`_store` says, and tokens
     off ``kv_tok_ok`` (padding slots) write nothing there.
     """
-    head_ok = head < num_heads
-    row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
-    ab_ok = row_ok & i_ok[None, None, :]
-    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
-    dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
-    kv_row_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None]
-    kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
-
-    if IS_NEOX:
-        a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
-        b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+    if WHOLE_ROW:
+        _whole_row_block(in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows,
+                         rows_h, rows_w, w_ptr, b_ptr, weight_offset, eps, HEAD_DIM, HEAD_PAD, HALF, IS_NEOX, NORM,
+                         BIAS, IN_HEAD_STRIDE, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, kv_ptr, kv_rows, kv_tok_ok,
+                         kv_head_stride, KV_LANE, kv_chunk_stride, scale_ptr, OUT, KV, KV_CHUNK, KV_QUANT,
+                         KV_PER_CHANNEL, sums_ptr, sums_tp, NORM_SUMS, ELEM_W)
     else:
-        r = tl.arange(0, 2 * HALF_PAD)
-        r_ok = row_ok & (r < 2 * HALF)[None, None, :]
-        x = tl.load(src + r[None, None, :], mask=r_ok, other=0.0).to(tl.float32)
-        x = tl.reshape(x, (x.shape[0], x.shape[1], HALF_PAD, 2))
-        second = (tl.arange(0, 2) == 1)[None, None, None, :]
-        a = tl.sum(tl.where(second, 0.0, x), axis=3)
-        b = tl.sum(tl.where(second, x, 0.0), axis=3)
-    if PASS > 0 and TAIL_CHUNKS == 1:
-        p = tl.load(src + jp[None, None, :], mask=row_ok & (jp < HEAD_DIM)[None, None, :],
-                    other=0.0).to(tl.float32)
-        if TAIL_W2 > 0:
-            p2 = tl.load(src + jq[None, None, :], mask=row_ok & (jq < HEAD_DIM)[None, None, :],
-                         other=0.0).to(tl.float32)
-    # With the tail held whole, every load that does not wait on another is issued before
-    # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
-    # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
-    # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
-    if NORM and TAIL_CHUNKS == 1:
-        w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
-                                          head, head_ok, HEAD_DIM, ELEM_W)
-        if PASS > 0:
-            w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
-            if TAIL_W2 > 0:
-                w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
-                                          ELEM_W)
-    if NORM and NORM_SUMS:
-        sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
-    elif NORM:
-        sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
-        if PASS > 0 and TAIL_CHUNKS == 1:
-            sum_sq += tl.sum(p * p, axis=2)
-            if TAIL_W2 > 0:
-                sum_sq += tl.sum(p2 * p2, axis=2)
-        elif PASS > 0:
-            for c in tl.static_range(TAIL_CHUNKS):
-                jc = jp + c * TAIL_W
-                pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
-                             other=0.0).to(tl.float32)
-                sum_sq += tl.sum(pc * pc, axis=2)
-    if ROWS_AFTER_DATA:
-        # The cos/sin rows only now: their addresses wait on the positions, and by the time
-        # the warp stalls on them every load of the head block is in flight.
-        cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
-                            SEC_H, SEC_W, INTERLEAVED)
-    if NORM:
-        if NORM_SUMS:
-            # [BLOCK_T, 1]: one rstd per token, for every head of the block.
-            rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
+        head_ok = head < num_heads
+        row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
+        ab_ok = row_ok & i_ok[None, None, :]
+        src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
+        dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
+        kv_row_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None]
+        kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
+
+        if IS_NEOX:
+            a = tl.load(src + ia[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
+            b = tl.load(src + ib[None, None, :], mask=ab_ok, other=0.0).to(tl.float32)
         else:
-            rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
-        if TAIL_CHUNKS > 1:
+            r = tl.arange(0, 2 * HALF_PAD)
+            r_ok = row_ok & (r < 2 * HALF)[None, None, :]
+            x = tl.load(src + r[None, None, :], mask=r_ok, other=0.0).to(tl.float32)
+            x = tl.reshape(x, (x.shape[0], x.shape[1], HALF_PAD, 2))
+            second = (tl.arange(0, 2) == 1)[None, None, None, :]
+            a = tl.sum(tl.where(second, 0.0, x), axis=3)
+            b = tl.sum(tl.where(second, x, 0.0), axis=3)
+        if PASS > 0 and TAIL_CHUNKS == 1:
+            p = tl.load(src + jp[None, None, :], mask=row_ok & (jp < HEAD_DIM)[None, None, :],
+                        other=0.0).to(tl.float32)
+            if TAIL_W2 > 0:
+                p2 = tl.load(src + jq[None, None, :], mask=row_ok & (jq < HEAD_DIM)[None, None, :],
+                             other=0.0).to(tl.float32)
+        # With the tail held whole, every load that does not wait on another is issued before
+        # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
+        # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
+        # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
+        if NORM and TAIL_CHUNKS == 1:
             w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
                                               head, head_ok, HEAD_DIM, ELEM_W)
-        a = _affine(a, rstd, w_a, b_a, BIAS, ELEM_W)
-        b = _affine(b, rstd, w_b, b_b, BIAS, ELEM_W)
+            if PASS > 0:
+                w_p, b_p = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
+                if TAIL_W2 > 0:
+                    w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
+                                              ELEM_W)
+        if NORM and NORM_SUMS:
+            sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
+        elif NORM:
+            sum_sq = tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2)
+            if PASS > 0 and TAIL_CHUNKS == 1:
+                sum_sq += tl.sum(p * p, axis=2)
+                if TAIL_W2 > 0:
+                    sum_sq += tl.sum(p2 * p2, axis=2)
+            elif PASS > 0:
+                for c in tl.static_range(TAIL_CHUNKS):
+                    jc = jp + c * TAIL_W
+                    pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
+                                 other=0.0).to(tl.float32)
+                    sum_sq += tl.sum(pc * pc, axis=2)
+        if ROWS_AFTER_DATA:
+            # The cos/sin rows only now: their addresses wait on the positions, and by the time
+            # the warp stalls on them every load of the head block is in flight.
+            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
+                                SEC_H, SEC_W, INTERLEAVED)
+        if NORM:
+            if NORM_SUMS:
+                # [BLOCK_T, 1]: one rstd per token, for every head of the block.
+                rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
+            else:
+                rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
+            if TAIL_CHUNKS > 1:
+                w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
+                                                  head, head_ok, HEAD_DIM, ELEM_W)
+            a = _affine(a, rstd, w_a, b_a, BIAS, ELEM_W)
+            b = _affine(b, rstd, w_b, b_b, BIAS, ELEM_W)
 
-    ab_kv = kv_row_ok & i_ok[None, None, :]
-    if IS_NEOX:
-        _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-        _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
-               KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-    else:
-        y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
-        y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
-        _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
-               head, head_ok, KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-    if PASS > 0:
-        if TAIL_CHUNKS == 1:
-            if NORM:
-                p = _affine(p, rstd, w_p, b_p, BIAS, ELEM_W)
-            _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
-                   kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, KV_LANE,
-                   kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-            if TAIL_W2 > 0:
-                if NORM:
-                    p2 = _affine(p2, rstd, w_p2, b_p2, BIAS, ELEM_W)
-                _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
-                       kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
-                       KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+        ab_kv = kv_row_ok & i_ok[None, None, :]
+        if IS_NEOX:
+            _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+                   KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+            _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+                   KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         else:
-            for c in tl.static_range(TAIL_CHUNKS):
-                jc = jp + c * TAIL_W
-                jc_ok = jc < HEAD_DIM
-                pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
-                             other=0.0).to(tl.float32)
+            y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
+            y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
+            _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
+                   head, head_ok, KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+        if PASS > 0:
+            if TAIL_CHUNKS == 1:
                 if NORM:
-                    w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
-                                            ELEM_W)
-                    pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
-                _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
-                       kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
-                       OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+                    p = _affine(p, rstd, w_p, b_p, BIAS, ELEM_W)
+                _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
+                       kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, KV_LANE,
+                       kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+                if TAIL_W2 > 0:
+                    if NORM:
+                        p2 = _affine(p2, rstd, w_p2, b_p2, BIAS, ELEM_W)
+                    _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
+                           kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
+                           KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
+            else:
+                for c in tl.static_range(TAIL_CHUNKS):
+                    jc = jp + c * TAIL_W
+                    jc_ok = jc < HEAD_DIM
+                    pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
+                                 other=0.0).to(tl.float32)
+                    if NORM:
+                        w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
+                                                ELEM_W)
+                        pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
+                    _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
+                           kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
+                           OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
 @triton.jit
@@ -469,6 +534,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr, POS_AHEAD: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
     NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
@@ -534,7 +600,7 @@ def _split_qkv_rmsnorm_rope_kernel(
         else:
             rows_h = rows
             rows_w = rows
-        if ROWS_AFTER_DATA:
+        if ROWS_AFTER_DATA or WHOLE_ROW:
             cos = 0.0
             sin = 0.0
         else:
@@ -552,7 +618,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                         PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
                         ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                         q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
-                        sums_ptr, sums_tp, NORM_SUMS, ELEM_W)
+                        sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
         elif head_block < K_END:
             if NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
@@ -569,7 +635,7 @@ def _split_qkv_rmsnorm_rope_kernel(
                             k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, K_LANE, kv_chunk_stride,
                             k_scale_ptr,
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
-                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W)
+                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
                 if V_WITH_K and (V_NORM or KV_CACHE):
                     # The same heads of v, after k's stores (V_WITH_K: no head blocks of v's own).
                     _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, k_head,
@@ -765,6 +831,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k, POS_AHEAD=plan.positions_ahead,
+        WHOLE_ROW=plan.whole_row,
         # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
         # weights of H*D values.
         NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,

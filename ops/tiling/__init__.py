@@ -171,6 +171,13 @@ class PlanBase:
         return False
 
     @property
+    def whole_row(self) -> bool:
+        """Hold each q and k head as one contiguous row, loading each rotary lane's pair element a
+        second time (the kernel's ``WHOLE_ROW``), rather than as rotary halves and tail pieces; off
+        unless a backend measured it better."""
+        return False
+
+    @property
     def v_with_k(self) -> bool:
         """Move v's heads (when written: normalised, or into the KV cache) in the tile of the same
         k heads, after k's, rather than in head blocks of their own; off unless a backend measured

@@ -169,6 +169,7 @@ class CudaPlan(PlanBase):
     v_in_k_tiles: bool = False  # the kernel's V_WITH_K
     max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg); 0: no cap
     pos_ahead: bool = False  # the kernel's POS_AHEAD
+    whole_rows: bool = False  # the kernel's WHOLE_ROW
 
     @property
     def rows_after_data(self) -> bool:
@@ -181,6 +182,10 @@ class CudaPlan(PlanBase):
     @property
     def positions_ahead(self) -> bool:
         return self.pos_ahead
+
+    @property
+    def whole_row(self) -> bool:
+        return self.whole_rows
 
     def tail_width(self, shape: KernelShape) -> int:
         if self.tail_lanes:

@@ -51,9 +51,11 @@ BACKENDS = ("ascend", "cuda-large", "cuda-small")
 #: 5 programs walking the tiles grid-stride (loading the next tile's positions ahead), so small
 #: sizes cross every block of every arm.
 #: ``two-piece`` holds a tail that is no power of two as two pieces (what the CUDA small-batch plan
-#: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it) and moves v
-#: (when written) in k's tiles.
-PLANS = BACKENDS + ("small-tiles", "two-piece")
+#: does for wide tails; 16 tokens x 2 heads a tile so the plan's per-thread rule lets it), moves v
+#: (when written) in k's tiles. ``whole-row`` holds q's and k's heads as whole rows (what the CUDA
+#: small-batch plan does where D is a power of two and the tail is not), 2 tokens x 2 q heads x
+#: 1 k head a tile, 5 programs loading positions ahead.
+PLANS = BACKENDS + ("small-tiles", "two-piece", "whole-row")
 
 #: The ``poisoned`` fixture frames each out-of-place output with this value: a row before it, a
 #: row after it and ``GUARD_COLUMNS`` after each of its rows (16, so the output's row stride keeps
@@ -104,6 +106,9 @@ def plan_of(kind: str, shape: KernelShape, device) -> tiling.PlanBase:
         if shape.pass_dim & (shape.pass_dim - 1):  # no power of two: the plan must split it
             assert plan.tail_width2(shape) > 0 and plan.tail_chunks(shape) == 1
         return plan
+    if kind == "whole-row":
+        return CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=1, max_programs=5, num_warps=2,
+                        whole_rows=True, pos_ahead=True)
     facts = device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda" else None)
     if kind == "cuda-large":
         return cuda.plan(shape, facts)
