@@ -75,6 +75,16 @@ SMALL_WARPS = 4
 #: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, perf-notes v6). The
 #: large plans keep the chunked tail: two pieces were 16-20% slower there at T = 4096.
 SMALL_TWO_PIECE_TAIL = True
+#: ... except where the head dimension is a power of two: there the small-batch plan holds each q
+#: and k head as one row (``PlanBase.whole_row``: no halves, no tail pieces; each rotary lane
+#: loads its pair element a second time) in ``SMALL_WHOLE_ROW_WARPS`` warps. The gated layer
+#: (16/2/256 R64, 192-lane tail), one run, three interleaved repeats, T = 8 / 64 / 256: the prologue
+#: 6.66 -> 6.51 / 7.49 -> 7.24 / 9.80 -> 9.51 us, with the write 6.71 -> 6.46 / 7.64 -> 7.36 / 10.42
+#: -> 9.52; 4 heads a block was faster at T <= 64 (6.33 / 7.07) and not at 256 (9.77) (perf-notes v11
+#: probe 4); Qwen3-Next TP 4 / 8 and Qwen3.5-35B-A3B (mRoPE, 2 tokens a tile) 1-20% faster in both ops
+#: (probe 5). Elsewhere it lost: the large plans 3-60% slower with whole rows, the 128-dim small plans
+#: of full rotary level or up to 11% slower (probe 3).
+SMALL_WHOLE_ROW_WARPS = 2
 #: ... where the second piece gives each thread at least this many elements: 4 keeps its bf16
 #: accesses 8 bytes wide, the small-batch plan's floor in ``cuda_compile``. Phi-2 (a 48-lane tail,
 #: 32 + 16) and Qwen3-Next at TP 8 (2 q heads) would otherwise move single elements.
@@ -123,6 +133,23 @@ MROPE_MIN_Q_BLOCKS = 4
 #: (probes 1, 2). With the write the 2-warp plan stayed best at T <= 4096 (the gated layer 47.84
 #: against 48.31), so it keeps it. Chunks of 64 or 128 lanes instead of 32 were 7-79% slower (probe 0).
 CHUNKED_WARPS, CHUNKED_MAX_REGISTERS, CHUNKED_PROGRAMS_PER_SM = 4, 80, 24
+#: ... with the KV-cache write (the 2-warp plan, capped at ``KV_MAX_REGISTERS``) 24 programs an SM,
+#: not ``KV_PROGRAMS_PER_SM``. One run, three interleaved repeats, T = 4096 / 16384, one call a graph:
+#: Qwen3-Next TP 1 (16/2/256 R64 gated) 48.84 -> 46.93 / 171.92 -> 169.27 us (20 calls a graph, per
+#: call: 44.08 -> 42.50 / 167.34 -> 164.43), TP 4 (4/1/256) 20.24 -> 20.24 / 52.90 -> 52.60,
+#: MiMo-V2-Flash 64/4/192 R64 69.34 -> 68.40 / 250.83 -> 246.88, Qwen3.5-27B (24/4/256, mRoPE) 71.16 ->
+#: 69.94 / 265.67 -> 262.54; level at T = 1024. 32 was within 1% of 24 (faster at 16384, slower at
+#: 4096); 24 was also the best of 8 / 16 / 24 under six other tilings of the gated layer (perf-notes
+#: v11 sweep 2, probe 4).
+CHUNKED_KV_PROGRAMS_PER_SM = 24
+#: A chunked tail's mRoPE prologue (Qwen3.5: the 2-warp plan, ``CHUNKED_*`` not measured faster
+#: there, v9 probe 2) 64 programs an SM, not ``PROGRAMS_PER_SM``: Qwen3.5-27B TP 1 (24/4/256 R64) at
+#: T = 1024 / 4096 / 16384 24.42 -> 23.69 / 68.44 -> 65.75 / 251.69 -> 241.93 us, 32 and 48 between
+#: (perf-notes v11 probe 4); Qwen3.5-35B-A3B 47.46 -> 46.00 / 165.59 -> 156.30 and Qwen3.5-397B-A17B
+#: 87.01 -> 80.00 / 329.14 -> 302.32 at T = 4096 / 16384 (probe 5). Without mRoPE (the ``CHUNKED_*``
+#: plan) more than 24 was mixed: the gated layer 157.34 -> 151.37 us at T = 16384 with 64, MiMo's
+#: 66.85 -> 68.54 at 4096.
+CHUNKED_MROPE_PROGRAMS_PER_SM = 64
 
 #: Load the positions (and, with the write, the slots) of a program's next tile while it works on
 #: the current one (``PlanBase.positions_ahead``) in the large plans where q's heads fill at most
@@ -231,8 +258,10 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     ``PROGRAMS_PER_SM``, ``KV_PROGRAMS_PER_SM`` with the KV-cache write, whose kernel is capped at
     ``KV_MAX_REGISTERS``). Normalised mRoPE layers of many q heads, and a chunked tail's prologue,
     take at least 4 warps under a cap of 80 registers and their own programs per SM (``MROPE_*``,
-    ``CHUNKED_*``: where each was measured faster). Layers of at most ``POS_AHEAD_MAX_Q_BLOCKS``
-    blocks of q heads, and the mRoPE plan, load the next tile's positions ahead (``POS_AHEAD_*``).
+    ``CHUNKED_*``: where each was measured faster); a chunked tail's write and mRoPE prologue
+    only their own programs per SM (``CHUNKED_KV_*``, ``CHUNKED_MROPE_*``). Layers of at most
+    ``POS_AHEAD_MAX_Q_BLOCKS`` blocks of q heads, and the mRoPE plan, load the next tile's
+    positions ahead (``POS_AHEAD_*``).
     """
     q_heads, k_heads = _block_heads(shape, max_block_heads)
     tail, chunked = 0, False
@@ -251,6 +280,8 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
         ahead = POS_AHEAD_MROPE and (v_with_k or not shape.kv_cache)
     elif chunked and not shape.mrope and not shape.kv_cache:
         warps, per_sm, cap = max(warps, CHUNKED_WARPS), CHUNKED_PROGRAMS_PER_SM, CHUNKED_MAX_REGISTERS
+    elif chunked:
+        per_sm = CHUNKED_KV_PROGRAMS_PER_SM if shape.kv_cache else CHUNKED_MROPE_PROGRAMS_PER_SM
     elif not chunked and shape.num_kv_heads and q_blocks <= POS_AHEAD_MAX_Q_BLOCKS:
         if shape.kv_cache:
             ahead, per_sm = True, POS_AHEAD_KV_PROGRAMS_PER_SM
@@ -275,15 +306,22 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     Tiles of ``SMALL_TILE_ELEMENTS`` (usually one token row of up to 8 heads) in ``SMALL_WARPS``
     warps. The tail is held whole: at these sizes the chunked tail's second load is latency on
     the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2);
-    a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``).
+    a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``), or, where the head
+    dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``).
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
     if shape.mrope:
         tokens = max(tokens, SMALL_MROPE_MIN_TOKENS)
+    whole = bool(shape.pass_dim) and _pow2(shape.head_dim) and not _pow2(shape.pass_dim)
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
-                    max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=SMALL_WARPS,
-                    two_piece_tail=SMALL_TWO_PIECE_TAIL)
+                    max_programs=facts.num_sms * PROGRAMS_PER_SM,
+                    num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
+                    two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole)
+
+
+def _pow2(n: int) -> bool:
+    return n & (n - 1) == 0
 
 
 def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:

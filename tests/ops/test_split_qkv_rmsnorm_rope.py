@@ -662,18 +662,21 @@ _V8 = ((cuda.MIN_WARPS, 0, cuda.PROGRAMS_PER_SM),
 _FEW = (_V8[0], (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.POS_AHEAD_KV_PROGRAMS_PER_SM))
 _MROPE = (cuda.MROPE_WARPS, cuda.MROPE_MAX_REGISTERS, cuda.MROPE_PROGRAMS_PER_SM)
 _CHUNKED = (cuda.CHUNKED_WARPS, cuda.CHUNKED_MAX_REGISTERS, cuda.CHUNKED_PROGRAMS_PER_SM)
+_CHUNKED_KV = (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.CHUNKED_KV_PROGRAMS_PER_SM)
 
 
 @pytest.mark.parametrize("geometry, prologue, write, ahead", [
     # The mRoPE plan: positions ahead in the prologue, and in the write where v moves with k.
     (model("Qwen3-VL-8B").shard(1), _MROPE, _MROPE, (True, False)),
     (model("Qwen3-VL-30B-A3B").shard(1), _MROPE, _MROPE, (True, True)),
-    # mRoPE without q/k norm on four blocks of q heads, with a chunked tail: as before.
+    # mRoPE without q/k norm on four blocks of q heads: as before.
     (model("Qwen2.5-VL-7B").shard(1), *_V8, (False, False)),
-    (model("Qwen3.5-35B-A3B").shard(1), *_V8, (False, False)),
-    # A chunked tail (no mRoPE): its own prologue plan, the write's as before.
-    (model("Qwen3-Next-80B-A3B").shard(1), _CHUNKED, _V8[1], (False, False)),
-    (model("MiMo-V2-Flash-qk").shard(8), _CHUNKED, _V8[1], (False, False)),
+    # A chunked tail: with mRoPE the 2-warp prologue at its own programs an SM; without, its own
+    # prologue plan; the write at its own programs an SM either way.
+    (model("Qwen3.5-35B-A3B").shard(1), (cuda.MIN_WARPS, 0, cuda.CHUNKED_MROPE_PROGRAMS_PER_SM), _CHUNKED_KV,
+     (False, False)),
+    (model("Qwen3-Next-80B-A3B").shard(1), _CHUNKED, _CHUNKED_KV, (False, False)),
+    (model("MiMo-V2-Flash-qk").shard(8), _CHUNKED, _CHUNKED_KV, (False, False)),
     (model("Qwen3-8B").shard(1), *_V8, (False, False)),
     # One or two blocks of q heads with k: positions ahead, the write at 8 programs an SM.
     (model("Qwen3-32B").shard(8), *_FEW, (True, True)),
@@ -701,6 +704,25 @@ def test_cuda_large_plan_rules(geometry, prologue, write, ahead):
     if prologue == _MROPE:  # the same layer called without norm weights: the mRoPE rule is off
         no_norm = shape_of(dict(args, q_weight=None, k_weight=None))
         assert not no_norm.qk_norm and cuda.plan(no_norm, facts).max_registers == 0
+
+
+@pytest.mark.parametrize("name, tp, whole", [
+    # Head dim a power of two, the tail not (192 lanes): whole rows, 2 warps.
+    ("Qwen3-Next-80B-A3B", 1, True), ("Qwen3-Next-80B-A3B", 8, True), ("Qwen3.5-35B-A3B", 1, True),
+    # The tail a power of two (GLM-4, MiMo), the head dim not (Phi-2, MiMo), full rotary: as before.
+    ("GLM-4-9B", 1, False), ("MiMo-V2-Flash-qk", 1, False), ("Phi-2", 1, False), ("Qwen3-8B", 1, False),
+    ("Gemma-4-31B:sliding", 1, False),
+])
+def test_cuda_small_plan_whole_rows(name, tp, whole):
+    """Which small-batch plans hold each head as one row (and with how many warps); the large
+    plans never do."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    for kv in (False, True):
+        shape = dataclasses.replace(KernelShape.of(model(name).shard(tp), 2, 4), kv_cache=kv)
+        small = cuda.small_batch_plan(shape, facts)
+        assert small.whole_row is whole and not cuda.plan(shape, facts).whole_row
+        assert small.num_warps == (cuda.SMALL_WHOLE_ROW_WARPS if whole else cuda.SMALL_WARPS)
+        assert not (whole and small.tail_width2(shape))
 
 
 @gpu
