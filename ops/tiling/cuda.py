@@ -313,15 +313,12 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
     if shape.mrope:
         tokens = max(tokens, SMALL_MROPE_MIN_TOKENS)
-    whole = bool(shape.pass_dim) and _pow2(shape.head_dim) and not _pow2(shape.pass_dim)
+    whole = (bool(shape.pass_dim) and prev_pow2(shape.head_dim) == shape.head_dim
+             and prev_pow2(shape.pass_dim) != shape.pass_dim)
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * PROGRAMS_PER_SM,
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole)
-
-
-def _pow2(n: int) -> bool:
-    return n & (n - 1) == 0
 
 
 def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:
