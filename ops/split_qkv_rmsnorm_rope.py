@@ -230,6 +230,18 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
 
 
 @triton.jit
+def _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM: tl.constexpr, NORM_SUMS: tl.constexpr):
+    """``1 / RMS`` from the sums of squares ``sum_sq``: one per head row (``[BLOCK_T, BLOCK_H]``,
+    sums over ``HEAD_DIM`` lanes), or with ``NORM_SUMS`` one per token (``sum_sq`` ``[BLOCK_T]``
+    summed over all ``num_heads`` heads on all ``sums_tp`` ranks; returned ``[BLOCK_T, 1]`` to
+    serve every head of the block)."""
+    if NORM_SUMS:
+        return tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
+    else:
+        return tl.rsqrt(sum_sq / HEAD_DIM + eps)
+
+
+@triton.jit
 def _whole_row_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows, rows_h, rows_w,
     w_ptr, b_ptr, weight_offset, eps, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, HALF: tl.constexpr,
@@ -265,11 +277,10 @@ def _whole_row_block(
     xp = tl.load(src + pair[None, None, :], mask=row_ok & rot[None, None, :], other=0.0).to(tl.float32)
     if NORM:
         if NORM_SUMS:
-            # [BLOCK_T, 1]: one rstd per token, for every head of the block (as _head_block).
             sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
-            rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
         else:
-            rstd = tl.rsqrt(tl.sum(x * x, axis=2) / HEAD_DIM + eps)
+            sum_sq = tl.sum(x * x, axis=2)
+        rstd = _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM, NORM_SUMS)
         w = _weight(w_ptr, d, d_ok, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
         wp = _weight(w_ptr, pair, rot, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
         x = _affine(x, rstd, w, _load_affine(b_ptr, d, d_ok, 0.0, BIAS, 0.0), BIAS, ELEM_W)
@@ -390,11 +401,7 @@ def _head_block(
             cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
                                 SEC_H, SEC_W, INTERLEAVED)
         if NORM:
-            if NORM_SUMS:
-                # [BLOCK_T, 1]: one rstd per token, for every head of the block.
-                rstd = tl.rsqrt(sum_sq / (sums_tp * (num_heads * HEAD_DIM)).to(tl.float32) + eps)[:, None]
-            else:
-                rstd = tl.rsqrt(sum_sq / HEAD_DIM + eps)
+            rstd = _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM, NORM_SUMS)
             if TAIL_CHUNKS > 1:
                 w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
                                                   head, head_ok, HEAD_DIM, ELEM_W)
