@@ -40,8 +40,9 @@ TINY = AttentionGeometry(4, 2, 32, 16, qk_norm_across_heads=True)
 TINY_GPTJ = AttentionGeometry(4, 2, 32, 16, is_neox=False, eps=1e-5, qk_norm_across_heads=True)
 #: Plans: the op's own (the Ascend plan on CPU), and tiny tiles for both kernels (2 tokens, 2
 #: heads and 4-lane tail chunks for kernel 2; 2 tokens and 16-column chunks for kernel 1, 3
-#: programs walking the tiles), so a few tokens cross every block.
-PLANS = ("own", "small-tiles")
+#: programs walking the tiles), so a few tokens cross every block; ``whole-row`` the same with kernel
+#: 2 holding q's and k's heads as whole rows (the kernel's WHOLE_ROW, which reads the sums too).
+PLANS = ("own", "small-tiles", "whole-row")
 
 
 def _op_module():
@@ -55,8 +56,10 @@ def _plans(kind: str, monkeypatch):
         return
     small = SumsPlan(block_tokens=2, block_cols_q=16, block_cols_k=16, max_programs=3)
     monkeypatch.setattr(_op_module(), "sums_plan_for", lambda device, shape: small)
+    whole = kind == "whole-row"
     with tiling.forced(plan=CudaPlan(block_tokens=2, block_heads=2, kv_block_heads=2, max_programs=5,
-                                     num_warps=4, tail_lanes=4, late_rows=False)):
+                                     num_warps=4, tail_lanes=0 if whole else 4, late_rows=False,
+                                     whole_rows=whole)):
         yield
 
 
