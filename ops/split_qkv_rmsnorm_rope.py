@@ -57,8 +57,9 @@ grid and where the cos/sin rows are gathered come from the backend's launch plan
 
 The cos/sin rows of a tile are gathered with one 2-D load addressed by positions that were
 themselves loaded as a vector: no scalar is ever read back out of a tile that is still being
-filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. The
-gather happens before the q/k branch (masked off for the gate's and v's tiles), or
+filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. Only
+q's and k's tiles load positions and gather rows (the gate's and v's wait on neither). The
+gather happens before the q/k arms, or
 (``ROWS_AFTER_DATA``) in q's and k's arms after the head block's own loads are issued, so that
 their latency overlaps the positions -> rows chain. With ``POS_AHEAD`` (a plan's choice) a
 program loads the positions (and KV-cache slots) of its next tile while it works on the current
@@ -585,49 +586,50 @@ def _split_qkv_rmsnorm_rope_kernel(
         tok_ok = tok < num_tokens
         tok64 = tok.to(tl.int64)
 
-        # Positions as vectors (one per axis with mRoPE), clamped into the cache: the offsets of
-        # the tile's cos/sin rows, gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the
-        # head block after its own loads. With POS_AHEAD they (and the KV-cache slots) were loaded
-        # during the program's previous tile, and the next tile's are loaded now: the gather and
-        # the cache addresses wait on no load.
+        # With POS_AHEAD the positions (and the KV-cache slots) were loaded during the program's
+        # previous tile, and the next tile's are loaded now: the gather and the cache addresses
+        # wait on no load.
         if POS_AHEAD:
             pos_t, pos_h, pos_w, slot = pos_t_next, pos_h_next, pos_w_next, slot_next
             pos_t_next, pos_h_next, pos_w_next, slot_next = _positions(
                 pos_ptr, slot_ptr, tile + tl.num_programs(0), num_tokens, pos_stride, pos_axis_stride, BLOCK_T,
                 HEAD_BLOCKS, MROPE, KV_CACHE, Q_BLOCKS, G_END, K_END)
         else:
-            # (The slots are loaded by k's and v's arms.)
-            pos_t, pos_h, pos_w, slot = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride,
-                                                   pos_axis_stride, BLOCK_T, HEAD_BLOCKS, MROPE, False,
-                                                   Q_BLOCKS, G_END, K_END)
-        rows = tl.minimum(tl.maximum(pos_t, 0), max_position - 1).to(tl.int64) * cache_stride
-        if MROPE:
-            rows_h = tl.minimum(tl.maximum(pos_h, 0), max_position - 1).to(tl.int64) * cache_stride
-            rows_w = tl.minimum(tl.maximum(pos_w, 0), max_position - 1).to(tl.int64) * cache_stride
-        else:
-            rows_h = rows
-            rows_w = rows
-        if ROWS_AFTER_DATA or WHOLE_ROW:
-            cos = 0.0
-            sin = 0.0
-        else:
-            # (Only q's and k's tiles rotate: the gate's and v's gather nothing.)
-            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok & (head_block < K_END), HALF,
-                                MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED)
+            slot = tok64  # (k's and v's arms load their slots)
 
         # (The arms name their head vectors apart: compiled Triton requires a name bound in both
         # arms of a run-time branch to have one type, and the blocks may differ in size.)
-        if head_block < Q_BLOCKS:
-            q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-            _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                        q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
-                        q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                        PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
-                        ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                        q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
-                        sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
-        elif head_block < K_END:
-            if NUM_KV_HEADS > 0:
+        if head_block < K_END:
+            # q's and k's tiles rotate: only they wait on the positions. Positions as vectors (one
+            # per axis with mRoPE), clamped into the cache: the offsets of the tile's cos/sin rows,
+            # gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the head block after its
+            # own loads.
+            if not POS_AHEAD:
+                pos_t, pos_h, pos_w, _ = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride, pos_axis_stride,
+                                                    BLOCK_T, HEAD_BLOCKS, MROPE, False, Q_BLOCKS, G_END, K_END)
+            rows = tl.minimum(tl.maximum(pos_t, 0), max_position - 1).to(tl.int64) * cache_stride
+            if MROPE:
+                rows_h = tl.minimum(tl.maximum(pos_h, 0), max_position - 1).to(tl.int64) * cache_stride
+                rows_w = tl.minimum(tl.maximum(pos_w, 0), max_position - 1).to(tl.int64) * cache_stride
+            else:
+                rows_h = rows
+                rows_w = rows
+            if ROWS_AFTER_DATA or WHOLE_ROW:
+                cos = 0.0
+                sin = 0.0
+            else:
+                cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T, SEC_H,
+                                    SEC_W, INTERLEAVED)
+            if head_block < Q_BLOCKS:
+                q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+                _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
+                            q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
+                            q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
+                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
+                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
+                            q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
+                            sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
+            elif NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
                                               k_slot_stride, k_offset, KV_CACHE, POS_AHEAD)
