@@ -42,10 +42,11 @@ head is held as its two rotary halves ``a``, ``b`` (``[BLOCK_T, BLOCK_H, HALF_PA
 element-wise math on two tiles. NeoX halves are two contiguous blocks; GPT-J's interleaved pairs
 are one contiguous block of the ``R`` rotary lanes, split into ``a`` and ``b`` in registers. The
 tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when the plan cuts a
-wide tail into chunks (summed in a first pass, loaded again to be scaled in a second), so only
-one chunk is live at a time. The gate's and v's heads, never rotated, are held as whole rows of
-``D`` lanes padded to a power of two (``_row_block``); v's heads come in blocks of their own, or
-(``V_WITH_K``, a plan's choice) in the tile of the same k heads, after k's stores. With
+wide tail into chunks (summed in a first pass, loaded again to be scaled in a second, the next
+chunk loaded before this one is stored), so at most two chunks are live at a time. The gate's and
+v's heads, never rotated, are held as whole rows of ``D`` lanes padded to a power of two
+(``_row_block``); v's heads come in blocks of their own, or (``V_WITH_K``, a plan's choice) in the
+tile of the same k heads, after k's stores. With
 ``WHOLE_ROW`` (a plan's choice) q's and k's heads are held that way too (``_whole_row_block``):
 each rotary lane loads its pair's element a second time and picks its sign and cos/sin frequency
 by lane, so no halves, no tail pieces. Programs walk
@@ -137,6 +138,19 @@ def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, W: tl.c
     """The weight (plus ``weight_offset``; 1 without a weight) and bias of the tail lanes ``j``."""
     return (_weight(w_ptr, j, j < HEAD_DIM, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
             _load_affine(b_ptr, j, j < HEAD_DIM, 0.0, BIAS, 0.0))
+
+
+@triton.jit
+def _tail_chunk(src, jc, row_ok, w_ptr, b_ptr, HEAD_DIM: tl.constexpr, weight_offset, NORM: tl.constexpr,
+                BIAS: tl.constexpr, head, head_ok, ELEM_W: tl.constexpr):
+    """One chunk ``jc`` of the pass-through tail (fp32), with its weight and bias when ``NORM``
+    (else placeholders)."""
+    pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :], other=0.0).to(tl.float32)
+    if NORM:
+        w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
+    else:
+        w_c, b_c = 0.0, 0.0
+    return pc, w_c, b_c
 
 
 @triton.jit
@@ -328,10 +342,11 @@ def _head_block(
     tail whole as two pieces (a power of two, then the rest padded: 192 lanes as 128 + 64
     rather than 256). Otherwise the tail goes in ``TAIL_CHUNKS`` chunks of ``TAIL_W`` lanes: with
     one chunk it is held from load to store; with more, the first pass only sums its squares
-    and the second loads each chunk again (a cache hit) to scale and store it, so no more than
-    one chunk is live at a time. GPT-J's interleaved pairs are moved as one contiguous block of
-    the ``R`` rotary lanes, viewed as ``[.., R/2, 2]`` and split into ``a``/``b`` in registers
-    (strided loads of every other element fell apart into 2-byte accesses).
+    and the second loads each chunk again (a cache hit) to scale and store it, loading chunk
+    ``c + 1`` before chunk ``c`` is stored, so no more than two chunks are live at a time.
+    GPT-J's interleaved pairs are moved as one contiguous block of the ``R`` rotary lanes, viewed
+    as ``[.., R/2, 2]`` and split into ``a``/``b`` in registers (strided loads of every other
+    element fell apart into 2-byte accesses).
 
     Every value is stored through :func:`_store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
     into the paged cache at ``kv_ptr``: token ``t``'s row of the block starts ``kv_rows[t]``
@@ -434,14 +449,20 @@ def _head_block(
                            kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
                            KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             else:
+                # The second pass: chunk c + 1 (its data and weights) is loaded before chunk c is
+                # stored. In program order a load may not pass an earlier store (with ``inplace``
+                # the output is the input), so loaded after it each chunk's reload would wait for
+                # the previous chunk's store and its own round trip, six in a row for a 192-lane tail.
+                pn, w_n, b_n = _tail_chunk(src, jp, row_ok, w_ptr, b_ptr, HEAD_DIM, weight_offset, NORM, BIAS, head,
+                                           head_ok, ELEM_W)
                 for c in tl.static_range(TAIL_CHUNKS):
                     jc = jp + c * TAIL_W
                     jc_ok = jc < HEAD_DIM
-                    pc = tl.load(src + jc[None, None, :], mask=row_ok & jc_ok[None, None, :],
-                                 other=0.0).to(tl.float32)
+                    pc, w_c, b_c = pn, w_n, b_n
+                    if c + 1 < TAIL_CHUNKS:
+                        pn, w_n, b_n = _tail_chunk(src, jc + TAIL_W, row_ok, w_ptr, b_ptr, HEAD_DIM, weight_offset,
+                                                   NORM, BIAS, head, head_ok, ELEM_W)
                     if NORM:
-                        w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
-                                                ELEM_W)
                         pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
                     _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
                            kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
