@@ -45,8 +45,8 @@ tail is one ``[BLOCK_T, BLOCK_H, TAIL_W]`` tile, or ``TAIL_CHUNKS`` of them when
 wide tail into chunks (summed in a first pass, loaded again to be scaled in a second, the next
 chunk loaded before this one is stored), so at most two chunks are live at a time. The gate's and
 v's heads, never rotated, are held as whole rows of ``D`` lanes padded to a power of two
-(``_row_block``); v's heads come in blocks of their own, or (``V_WITH_K``, a plan's choice) in the
-tile of the same k heads, after k's stores. With
+(``_row_load``, ``_row_store``); v's heads come in blocks of their own, or (``V_WITH_K``, a plan's
+choice) in the tile of the same k heads: loaded before k's stores, stored after them. With
 ``WHOLE_ROW`` (a plan's choice) q's and k's heads are held that way too (``_whole_row_block``):
 each rotary lane loads its pair's element a second time and picks its sign and cos/sin frequency
 by lane, so no halves, no tail pieces. Programs walk
@@ -326,7 +326,8 @@ def _head_block(
     sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr, WHOLE_ROW: tl.constexpr, HEAD_PAD: tl.constexpr,
 ):
     """Normalise (``NORM``: with the tensor's weight) and rotate one block of heads of q or k:
-    load, math, store. (The gate and v, never rotated, go through :func:`_row_block`.)
+    load, math, store. (The gate and v, never rotated, go through :func:`_row_load` and
+    :func:`_row_store`.)
 
     With ``NORM_SUMS`` the norm is across all heads: each token's sum of squares is read at
     ``sums_ptr[2 * t]`` (already summed over the tensor's heads on every rank) and divided by
@@ -470,23 +471,31 @@ def _head_block(
 
 
 @triton.jit
-def _row_block(
-    in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, eps,
-    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NORM: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
+def _row_load(in_ptr, tok64, tok_ok, head, num_heads, in_stride, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+              IN_HEAD_STRIDE: tl.constexpr):
+    """One block of heads that are not rotated (the gate, v), each loaded as one contiguous row of
+    ``HEAD_PAD`` lanes (``D`` padded to a power of two): no rotary halves, no tail pieces, so the
+    copy moves whole rows. fp32; :func:`_row_store` writes it."""
+    d = tl.arange(0, HEAD_PAD)
+    row_ok = tok_ok[:, None, None] & (head < num_heads)[None, :, None] & (d < HEAD_DIM)[None, None, :]
+    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
+    return tl.load(src + d[None, None, :], mask=row_ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _row_store(
+    x, out_ptr, tok64, tok_ok, head, num_heads, out_stride, eps,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, NORM: tl.constexpr,
     kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
 ):
-    """One block of heads that are not rotated (the gate: copied; v: copied, or normalised without
-    a weight with ``NORM``), each held as one contiguous row of ``HEAD_PAD`` lanes (``D`` padded
-    to a power of two): no rotary halves, no tail pieces, so the copy moves whole rows. Stores as
-    :func:`_head_block` does."""
+    """The rows :func:`_row_load` loaded, copied (the gate, v) or normalised without a weight
+    (v with ``NORM``), stored as :func:`_head_block` does."""
     head_ok = head < num_heads
     d = tl.arange(0, HEAD_PAD)
     d_ok = (d < HEAD_DIM)[None, None, :]
     row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
-    src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
-    x = tl.load(src + d[None, None, :], mask=row_ok & d_ok, other=0.0).to(tl.float32)
     if NORM:
         x = x * tl.rsqrt(tl.sum(x * x, axis=2) / HEAD_DIM + eps)[:, :, None]
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
@@ -655,6 +664,10 @@ def _split_qkv_rmsnorm_rope_kernel(
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
                                               k_slot_stride, k_offset, KV_CACHE, POS_AHEAD)
                 if V_WITH_K and (V_NORM or KV_CACHE):
+                    # The same heads of v, loaded before k's stores (a load may not pass an earlier
+                    # store, so loaded after them v's round trip would follow k's), stored after.
+                    v_x = _row_load(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64, tok_ok, k_head, NUM_KV_HEADS,
+                                    qkv_stride, HEAD_DIM, HEAD_PAD, HEAD_DIM)
                     v_rows, v_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
                                                 v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
@@ -667,27 +680,28 @@ def _split_qkv_rmsnorm_rope_kernel(
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
                             sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
                 if V_WITH_K and (V_NORM or KV_CACHE):
-                    # The same heads of v, after k's stores (V_WITH_K: no head blocks of v's own).
-                    _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, k_head,
-                               NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
-                               v_cache_ptr, v_rows, v_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
-                               v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
+                    _row_store(v_x, v_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, v_out_stride, eps, HEAD_DIM,
+                               HEAD_PAD, V_NORM, v_cache_ptr, v_rows, v_tok_ok, v_head_stride, V_LANE,
+                               kv_chunk_stride, v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT,
+                               KV_PER_CHANNEL)
         elif head_block < G_END:
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
                 g_head = (head_block - K_END) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-                _row_block(qkv_ptr + HEAD_DIM, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS, qkv_stride,
-                           gate_out_stride, eps, HEAD_DIM, HEAD_PAD, False, Q_STRIDE,
-                           gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
+                g_x = _row_load(qkv_ptr + HEAD_DIM, tok64, tok_ok, g_head, NUM_Q_HEADS, qkv_stride, HEAD_DIM, HEAD_PAD,
+                                Q_STRIDE)
+                _row_store(g_x, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS, gate_out_stride, eps, HEAD_DIM,
+                           HEAD_PAD, False, gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
         else:
             if V_BLOCKS:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
                                               v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
-                _row_block(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, v_out_ptr, tok64, tok_ok, v_head,
-                           NUM_KV_HEADS, qkv_stride, v_out_stride, eps, HEAD_DIM, HEAD_PAD, V_NORM, HEAD_DIM,
-                           v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
+                v_x = _row_load(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64, tok_ok, v_head, NUM_KV_HEADS,
+                                qkv_stride, HEAD_DIM, HEAD_PAD, HEAD_DIM)
+                _row_store(v_x, v_out_ptr, tok64, tok_ok, v_head, NUM_KV_HEADS, v_out_stride, eps, HEAD_DIM, HEAD_PAD,
+                           V_NORM, v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
                            v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
 
 

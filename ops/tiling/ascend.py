@@ -114,7 +114,7 @@ class AscendPlan(PlanBase):
 def arm_width(shape: KernelShape, arm: str) -> int:
     """Lanes a head occupies in an arm's tile: q and k hold two rotary halves and the tail, each
     padded to a power of two (``shape.padded_head_dim``); the gate and v arms, which do not
-    rotate, hold whole rows of ``D`` padded to a power of two (the kernel's ``_row_block``)."""
+    rotate, hold whole rows of ``D`` padded to a power of two (the kernel's ``_row_load``)."""
     return shape.padded_head_dim if arm in ("q", "k") else next_pow2(shape.head_dim)
 
 
