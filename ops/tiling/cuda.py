@@ -85,6 +85,13 @@ SMALL_TWO_PIECE_TAIL = True
 #: (probe 5). Elsewhere it lost: the large plans 3-60% slower with whole rows, the 128-dim small plans
 #: of full rotary level or up to 11% slower (probe 3).
 SMALL_WHOLE_ROW_WARPS = 2
+#: Programs per SM of the small-batch plan at most: one program a tile wherever the tiles fit. At
+#: ``PROGRAMS_PER_SM`` the gated layer (16/2/256 R64, whole rows, 2 warps) at T = 256 had 1280 tiles
+#: on 1056 programs, a second round for 224 of them: 9.47 -> 9.09 us with 16 (12 and 24 the same),
+#: with the write (1536 tiles) 9.73 -> 9.28 (perf-notes v12 sweep 1). Only a chunked tail's layers
+#: have more small-batch tiles than ``PROGRAMS_PER_SM`` programs (the small plan is used up to
+#: ``SMALL_BATCH_TILES_PER_SM*`` large tiles an SM, each 2-4 small ones).
+SMALL_PROGRAMS_PER_SM = 16
 #: ... where the second piece gives each thread at least this many elements: 4 keeps its bf16
 #: accesses 8 bytes wide, the small-batch plan's floor in ``cuda_compile``. Phi-2 (a 48-lane tail,
 #: 32 + 16) and Qwen3-Next at TP 8 (2 q heads) would otherwise move single elements.
@@ -307,7 +314,8 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     warps. The tail is held whole: at these sizes the chunked tail's second load is latency on
     the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2);
     a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``), or, where the head
-    dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``).
+    dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``). One program a
+    tile, up to ``SMALL_PROGRAMS_PER_SM`` an SM.
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
@@ -316,7 +324,7 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     whole = (bool(shape.pass_dim) and prev_pow2(shape.head_dim) == shape.head_dim
              and prev_pow2(shape.pass_dim) != shape.pass_dim)
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
-                    max_programs=facts.num_sms * PROGRAMS_PER_SM,
+                    max_programs=facts.num_sms * SMALL_PROGRAMS_PER_SM,
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole)
 

@@ -715,7 +715,7 @@ def test_cuda_large_plan_rules(geometry, prologue, write, ahead):
 ])
 def test_cuda_small_plan_whole_rows(name, tp, whole):
     """Which small-batch plans hold each head as one row (and with how many warps); the large
-    plans never do."""
+    plans never do. Every small-batch plan runs up to ``SMALL_PROGRAMS_PER_SM`` programs an SM."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
     for kv in (False, True):
         shape = dataclasses.replace(KernelShape.of(model(name).shard(tp), 2, 4), kv_cache=kv)
@@ -723,6 +723,7 @@ def test_cuda_small_plan_whole_rows(name, tp, whole):
         assert small.whole_row is whole and not cuda.plan(shape, facts).whole_row
         assert small.num_warps == (cuda.SMALL_WHOLE_ROW_WARPS if whole else cuda.SMALL_WARPS)
         assert not (whole and small.tail_width2(shape))
+        assert small.max_programs == cuda.SMALL_PROGRAMS_PER_SM * 132
 
 
 @gpu
