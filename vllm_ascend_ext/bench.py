@@ -385,6 +385,10 @@ def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
 
 #: (block, warps) of the copy kernel for :func:`copy_replay`; the faster one counts.
 COPY_CONFIGS = ((2048, 4), (8192, 8))
+#: Timings of every other provider in a row, the best counting: as many as the copy has
+#: configurations, so both sides of a ratio to the copy are a best of two (with one timing of ours
+#: against the copy's best of two, a row at T <= 64 read up to 0.1 high: perf-notes v12).
+TIMINGS_PER_ROW = len(COPY_CONFIGS)
 
 
 def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
@@ -616,7 +620,7 @@ def run(device: torch.device, tokens=None, providers=None, geometries=None,
                 if progress:
                     progress(f"{name} tp{tp} T={count} {provider}")
                 err = _max_rel_err(fn(**args), ref)
-                us = timer(lambda: fn(**args))
+                us = min(timer(lambda: fn(**args)) for _ in range(TIMINGS_PER_ROW))
                 rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch,
                                 copy_us))
     meta = _meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
@@ -655,7 +659,8 @@ def make_kv_inputs(geometry, tokens: int, device, seed: int = 0) -> tuple[dict, 
 
 
 def _kv_providers(names, args: dict, cache: dict, device: torch.device, nbytes: int) -> dict:
-    """Each provider of the KV-cache run as a list of zero-argument callables (the fastest counts)."""
+    """Each provider of the KV-cache run as a list of zero-argument callables (the fastest counts):
+    the copy's configurations, and each other provider as many times (:data:`TIMINGS_PER_ROW`)."""
     from .ops.split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope as prologue
     from .ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache as fused
 
@@ -670,7 +675,8 @@ def _kv_providers(names, args: dict, cache: dict, device: torch.device, nbytes: 
     def ours():
         return prologue(**args)
 
-    table = {"ours_kv": [ours_kv], "ours+scatter": [ours_scatter], "ours": [ours]}
+    table = {"ours_kv": [ours_kv] * TIMINGS_PER_ROW, "ours+scatter": [ours_scatter] * TIMINGS_PER_ROW,
+             "ours": [ours] * TIMINGS_PER_ROW}
     if "copy_kv" in names:
         n = max(1, nbytes // 4)  # int16 elements: n read and n written
         src = torch.zeros(n, dtype=torch.int16, device=device)
