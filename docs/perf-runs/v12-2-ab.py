@@ -1,0 +1,27 @@
+"""A/B (one site per process): the write on every bench geometry (T = 64 / 4096 / 16384, one call
+and 20 a graph), the prologue at T = 8 / 256; the small-batch plans of chunked-tail layers (Qwen3-Next
+TP 1, MiMo-V2-Flash q/k) at T = 128 / 256, both ops. argv[1] = label."""
+import sys
+import torch
+from vllm_ascend_ext.bench import _Timer, _triton_copy, bytes_moved, make_inputs, make_kv_inputs
+from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache
+from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
+device = torch.device("cuda"); timer = _Timer(device, 0); label = sys.argv[1]
+rows = [(name, tp, kv, n) for name, tp in BENCH_GEOMETRIES for kv in (True, False)
+        for n in ((64, 4096, 16384) if kv else (8, 256))]
+rows += [(name, 1, kv, n) for name in ("Qwen3-Next-80B-A3B", "MiMo-V2-Flash-qk") for kv in (False, True) for n in (128, 256)]
+for name, tp, kv, n in rows:
+    g = model(name).shard(tp)
+    if kv:
+        args, cache = make_kv_inputs(g, n, device)
+        fn = lambda: split_qkv_rmsnorm_rope_kv_cache(**args, **cache)
+    else:
+        args = make_inputs(g, n, device)
+        fn = lambda: split_qkv_rmsnorm_rope(**args)
+    nb = max(1, bytes_moved(g, n, kv_cache=kv) // 4)
+    src = torch.zeros(nb, dtype=torch.int16, device=device); dst = torch.empty_like(src)
+    for calls in ((1, 20) if kv and n >= 4096 else (1,)):
+        copy = min(timer(lambda: _triton_copy(src, dst, b, w), calls) for b, w in ((2048, 4), (8192, 8)))
+        us = timer(fn, calls)
+        print(f"{label} {g.label[:26]:26} {'kv' if kv else 'pro':3} x{calls:<2d} T={n:5d} {us:8.2f} copy {copy:8.2f} "
+              f"{us / copy:5.3f}", flush=True)
