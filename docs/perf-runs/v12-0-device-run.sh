@@ -1,3 +1,7 @@
+# v12 call 1 (run from the repository root with build/ carried): build/split_head.py is
+# ops/split_qkv_rmsnorm_rope.py at 879afe7, split_e1.py that file with v12-0-e1.patch applied,
+# split_e12.py with v12-0-e2.patch applied on top; build/ab.py and sweep1.py are v12-0-ab.py and
+# v12-1-sweep.py.
 # sites A (HEAD), B (E1: positions only for q/k tiles), C (E1 + E2: second-pass prefetch)
 for v in A:split_head B:split_e1 C:split_e12; do
   n=${v%%:*}; f=${v##*:}

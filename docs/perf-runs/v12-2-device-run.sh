@@ -1,3 +1,6 @@
+# v12 call 2: build/split_e12.py as in v12-0-device-run.sh, build/cuda_head.py is
+# ops/tiling/cuda.py at 879afe7, build/ab2.py is v12-2-ab.py; site D is the tree at 4d8110f plus
+# the small-batch grid rule of d6c322f.
 # C: E1 + E2 with HEAD's tiling; D: the working tree (E1 + E2 + E3 v before k's stores, small plans 16/SM)
 mkdir -p build/site-C build/site-D && rm -rf build/site-C/* build/site-D/*
 for n in C D; do cp -r vllm_ascend_ext build/site-$n/ && cp -r ops build/site-$n/vllm_ascend_ext/ops; done
