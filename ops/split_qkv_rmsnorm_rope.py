@@ -141,16 +141,9 @@ def _tail_affine(w_ptr, b_ptr, j, HEAD_DIM: tl.constexpr, weight_offset, W: tl.c
 
 
 @triton.jit
-def _tail_chunk(src, jc, row_ok, w_ptr, b_ptr, HEAD_DIM: tl.constexpr, weight_offset, NORM: tl.constexpr,
-                BIAS: tl.constexpr, head, head_ok, ELEM_W: tl.constexpr):
-    """One chunk ``jc`` of the pass-through tail (fp32), with its weight and bias when ``NORM``
-    (else placeholders)."""
-    pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :], other=0.0).to(tl.float32)
-    if NORM:
-        w_c, b_c = _tail_affine(w_ptr, b_ptr, jc, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
-    else:
-        w_c, b_c = 0.0, 0.0
-    return pc, w_c, b_c
+def _tail_load(src, j, row_ok, HEAD_DIM: tl.constexpr):
+    """The pass-through tail's lanes ``j`` (a piece or a chunk) of every row, fp32."""
+    return tl.load(src + j[None, None, :], mask=row_ok & (j < HEAD_DIM)[None, None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -381,11 +374,9 @@ def _head_block(
             a = tl.sum(tl.where(second, 0.0, x), axis=3)
             b = tl.sum(tl.where(second, x, 0.0), axis=3)
         if PASS > 0 and TAIL_CHUNKS == 1:
-            p = tl.load(src + jp[None, None, :], mask=row_ok & (jp < HEAD_DIM)[None, None, :],
-                        other=0.0).to(tl.float32)
+            p = _tail_load(src, jp, row_ok, HEAD_DIM)
             if TAIL_W2 > 0:
-                p2 = tl.load(src + jq[None, None, :], mask=row_ok & (jq < HEAD_DIM)[None, None, :],
-                             other=0.0).to(tl.float32)
+                p2 = _tail_load(src, jq, row_ok, HEAD_DIM)
         # With the tail held whole, every load that does not wait on another is issued before
         # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
         # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
@@ -408,9 +399,7 @@ def _head_block(
                     sum_sq += tl.sum(p2 * p2, axis=2)
             elif PASS > 0:
                 for c in tl.static_range(TAIL_CHUNKS):
-                    jc = jp + c * TAIL_W
-                    pc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < HEAD_DIM)[None, None, :],
-                                 other=0.0).to(tl.float32)
+                    pc = _tail_load(src, jp + c * TAIL_W, row_ok, HEAD_DIM)
                     sum_sq += tl.sum(pc * pc, axis=2)
         if ROWS_AFTER_DATA:
             # The cos/sin rows only now: their addresses wait on the positions, and by the time
@@ -454,15 +443,16 @@ def _head_block(
                 # stored. In program order a load may not pass an earlier store (with ``inplace``
                 # the output is the input), so loaded after it each chunk's reload would wait for
                 # the previous chunk's store and its own round trip, six in a row for a 192-lane tail.
-                pn, w_n, b_n = _tail_chunk(src, jp, row_ok, w_ptr, b_ptr, HEAD_DIM, weight_offset, NORM, BIAS, head,
-                                           head_ok, ELEM_W)
+                pn = _tail_load(src, jp, row_ok, HEAD_DIM)
+                w_n, b_n = _tail_affine(w_ptr, b_ptr, jp, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok, ELEM_W)
                 for c in tl.static_range(TAIL_CHUNKS):
                     jc = jp + c * TAIL_W
                     jc_ok = jc < HEAD_DIM
                     pc, w_c, b_c = pn, w_n, b_n
                     if c + 1 < TAIL_CHUNKS:
-                        pn, w_n, b_n = _tail_chunk(src, jc + TAIL_W, row_ok, w_ptr, b_ptr, HEAD_DIM, weight_offset,
-                                                   NORM, BIAS, head, head_ok, ELEM_W)
+                        pn = _tail_load(src, jc + TAIL_W, row_ok, HEAD_DIM)
+                        w_n, b_n = _tail_affine(w_ptr, b_ptr, jc + TAIL_W, HEAD_DIM, weight_offset, NORM, BIAS, head,
+                                                head_ok, ELEM_W)
                     if NORM:
                         pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
                     _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
