@@ -60,13 +60,15 @@ The cos/sin rows of a tile are gathered with one 2-D load addressed by positions
 themselves loaded as a vector: no scalar is ever read back out of a tile that is still being
 filled (upstream race #16674), and no sparse gather is interleaved with the rotation math. Only
 q's and k's tiles load positions and gather rows (the gate's and v's wait on neither). The
-gather happens before the q/k arms, or
-(``ROWS_AFTER_DATA``) in q's and k's arms after the head block's own loads are issued, so that
-their latency overlaps the positions -> rows chain. With ``POS_AHEAD`` (a plan's choice) a
-program loads the positions (and KV-cache slots) of its next tile while it works on the current
-one, so that chain starts from registers after the first tile. With the KV-cache write (the ``KV_*``
-constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's stores go to the paged cache
-through ``_store``, quantised there for an int8 or fp8 cache.
+gather happens before the q/k arms, or (``ROWS_AFTER_DATA``, and ``WHOLE_ROW``) in q's and k's
+arms after the head block's own loads are issued, so that their latency overlaps the positions
+-> rows chain; there, unless they are loaded ahead or are mRoPE's, the head block loads the
+positions itself, after its own loads (``POS_PTRS``: issue is in order, so positions loaded and
+clamped before the arm held the head block's loads back until they arrived). With ``POS_AHEAD``
+(a plan's choice) a program loads the positions (and KV-cache slots) of its next tile while it
+works on the current one, so that chain starts from registers after the first tile. With the
+KV-cache write (the ``KV_*`` constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's
+stores go to the paged cache through ``_store``, quantised there for an int8 or fp8 cache.
 """
 
 from __future__ import annotations
@@ -156,14 +158,24 @@ def _cos_sin_rows(cache_ptr, rows, i, ok, HALF: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF: tl.constexpr,
+def _cache_row(pos, max_position, cache_stride):
+    """The offsets of the positions' (``[BLOCK_T]``) cos/sin cache rows, clamped into the cache."""
+    return tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64) * cache_stride
+
+
+@triton.jit
+def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cache_stride, HALF: tl.constexpr,
              MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
-             INTERLEAVED: tl.constexpr):
+             INTERLEAVED: tl.constexpr, POS_PTRS: tl.constexpr):
     """The cos and sin halves of the tile's cache rows, in fp32, shaped ``[BLOCK_T, 1, HALF_PAD]``
     to broadcast over heads. ``rows`` ([BLOCK_T]) are the rows' offsets; with ``MROPE`` they are
     the t axis's, ``rows_h``/``rows_w`` the h and w axes', and lane ``i`` takes its axis's row:
     each axis's rows are gathered as whole 2-D blocks (plain masks, no per-lane addressing) and
-    each lane picks its own in registers."""
+    each lane picks its own in registers. With ``POS_PTRS`` (never with mRoPE) ``rows`` points at
+    the tokens' positions instead, loaded and clamped into the cache (``max_position`` rows of
+    ``cache_stride``) here."""
+    if POS_PTRS:
+        rows = _cache_row(tl.load(rows, mask=tok_ok, other=0), max_position, cache_stride)
     ok = tok_ok[:, None] & i_ok[None, :]
     cos, sin = _cos_sin_rows(cache_ptr, rows, i, ok, HALF)
     if MROPE:
@@ -250,14 +262,25 @@ def _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM: tl.constexpr, NORM_SUMS: tl
 
 
 @triton.jit
+def _row_affine(w_ptr, b_ptr, d, d_ok, pair, rot, weight_offset, W: tl.constexpr, BIAS: tl.constexpr, head, head_ok,
+                HEAD_DIM: tl.constexpr, ELEM_W: tl.constexpr):
+    """:func:`_whole_row_block`'s weights and biases: of the lanes ``d`` and of their pair lanes."""
+    return (_weight(w_ptr, d, d_ok, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
+            _weight(w_ptr, pair, rot, weight_offset, W, head, head_ok, HEAD_DIM, ELEM_W),
+            _load_affine(b_ptr, d, d_ok, 0.0, BIAS, 0.0),
+            _load_affine(b_ptr, pair, rot, 0.0, BIAS, 0.0))
+
+
+@triton.jit
 def _whole_row_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows, rows_h, rows_w,
-    w_ptr, b_ptr, weight_offset, eps, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, HALF: tl.constexpr,
-    IS_NEOX: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
+    max_position, cache_stride, w_ptr, b_ptr, weight_offset, eps, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    HALF: tl.constexpr, IS_NEOX: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, IN_HEAD_STRIDE: tl.constexpr,
     MROPE: tl.constexpr, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr, INTERLEAVED: tl.constexpr,
     kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE: tl.constexpr, kv_chunk_stride, scale_ptr,
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
+    POS_PTRS: tl.constexpr,
 ):
     """:func:`_head_block` with each head held as one contiguous row of ``HEAD_PAD`` lanes
     (``WHOLE_ROW``): no rotary halves, no tail pieces or chunks. Each rotary lane ``d < R`` also
@@ -265,8 +288,9 @@ def _whole_row_block(
     ``R`` rotary lanes that the first one brought into L1, and its weight; then
     ``y = x' * cos - x'_pair * sin`` on a pair's first lane, ``x' * cos + x'_pair * sin`` on its
     second, ``x'`` on the tail (``x'`` normalised). cos/sin are gathered after the data loads are
-    issued, lane ``d`` reading frequency ``d mod R/2`` (NeoX) or ``d // 2`` (GPT-J). Stores as
-    :func:`_head_block` does."""
+    issued (with ``POS_PTRS`` the weight and bias loads too, and before the reduction), lane ``d``
+    reading frequency ``d mod R/2`` (NeoX) or ``d // 2`` (GPT-J). Stores as :func:`_head_block`
+    does."""
     head_ok = head < num_heads
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < HEAD_DIM
@@ -283,18 +307,33 @@ def _whole_row_block(
     src = in_ptr + (tok64 * in_stride)[:, None, None] + (head * IN_HEAD_STRIDE)[None, :, None]
     x = tl.load(src + d[None, None, :], mask=row_ok & d_ok[None, None, :], other=0.0).to(tl.float32)
     xp = tl.load(src + pair[None, None, :], mask=row_ok & rot[None, None, :], other=0.0).to(tl.float32)
+    # With POS_PTRS (the positions loaded here) the weights and biases are loaded, and the cos/sin
+    # rows gathered, before the reduction: issue is in order, and each waited on the one before
+    # when they came after it (the gated layer at T = 1 / 64: 5.92 -> 5.57 / 6.98 -> 6.53 us, v13
+    # A/B 5; in the CPU SASS each weight's layout conversion is still a barrier that waits on its
+    # load before the next is issued). mRoPE (no POS_PTRS) keeps the norm first: the early order
+    # with its three gathers was 2-14% slower on Qwen3.5 at T <= 64 (v13 A/B 6).
     if NORM:
         if NORM_SUMS:
             sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
-        else:
+        if POS_PTRS:
+            w, wp, b, bp = _row_affine(w_ptr, b_ptr, d, d_ok, pair, rot, weight_offset, NORM, BIAS, head, head_ok,
+                                       HEAD_DIM, ELEM_W)
+    if POS_PTRS:
+        cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, freq, rot, tok_ok, max_position, cache_stride, HALF,
+                            MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, POS_PTRS)
+    if NORM:
+        if not NORM_SUMS:
             sum_sq = tl.sum(x * x, axis=2)
         rstd = _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM, NORM_SUMS)
-        w = _weight(w_ptr, d, d_ok, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
-        wp = _weight(w_ptr, pair, rot, weight_offset, NORM, head, head_ok, HEAD_DIM, ELEM_W)
-        x = _affine(x, rstd, w, _load_affine(b_ptr, d, d_ok, 0.0, BIAS, 0.0), BIAS, ELEM_W)
-        xp = _affine(xp, rstd, wp, _load_affine(b_ptr, pair, rot, 0.0, BIAS, 0.0), BIAS, ELEM_W)
-    cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, freq, rot, tok_ok, HALF, MROPE, SEC_T, SEC_H, SEC_W,
-                        INTERLEAVED)
+        if not POS_PTRS:
+            w, wp, b, bp = _row_affine(w_ptr, b_ptr, d, d_ok, pair, rot, weight_offset, NORM, BIAS, head, head_ok,
+                                       HEAD_DIM, ELEM_W)
+        x = _affine(x, rstd, w, b, BIAS, ELEM_W)
+        xp = _affine(xp, rstd, wp, bp, BIAS, ELEM_W)
+    if not POS_PTRS:
+        cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, freq, rot, tok_ok, max_position, cache_stride, HALF,
+                            MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, POS_PTRS)
     y = tl.where(rot[None, None, :], x * cos + tl.where(first[None, None, :], -xp, xp) * sin, x)
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
@@ -306,7 +345,7 @@ def _whole_row_block(
 @triton.jit
 def _head_block(
     in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cos, sin, cache_ptr,
-    rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
+    rows, rows_h, rows_w, max_position, cache_stride, i, ia, ib, i_ok, jp, jq, w_ptr, b_ptr, weight_offset, eps,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr,
     PASS: tl.constexpr, TAIL_W: tl.constexpr, TAIL_W2: tl.constexpr, TAIL_CHUNKS: tl.constexpr,
     NORM: tl.constexpr, BIAS: tl.constexpr,
@@ -317,6 +356,7 @@ def _head_block(
     OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr,
     sums_ptr, sums_tp, NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr, WHOLE_ROW: tl.constexpr, HEAD_PAD: tl.constexpr,
+    POS_PTRS: tl.constexpr,
 ):
     """Normalise (``NORM``: with the tensor's weight) and rotate one block of heads of q or k:
     load, math, store. (The gate and v, never rotated, go through :func:`_row_load` and
@@ -330,7 +370,9 @@ def _head_block(
     ``in_ptr``/``out_ptr`` point at head 0 of the tensor in row 0; ``head`` ([BLOCK_H]) indexes
     heads of this tensor only, so every mask is a plain bound and every access a strided block.
     Heads sit ``IN_HEAD_STRIDE`` columns apart in the input (``2*D`` for a gated q and its
-    gate), ``HEAD_DIM`` in the output.
+    gate), ``HEAD_DIM`` in the output. ``rows``, ``rows_h``, ``rows_w`` are the cos/sin rows'
+    offsets, or with ``POS_PTRS`` pointers to the positions (:func:`_cos_sin` loads and clamps
+    them into the cache's ``max_position`` rows of ``cache_stride``).
     ``ia``/``ib`` are the two elements of every rotary pair, ``jp`` the first ``TAIL_W`` lanes
     of the pass-through tail, ``jq`` the ``TAIL_W2`` lanes after them when the plan holds the
     tail whole as two pieces (a power of two, then the rest padded: 192 lanes as 128 + 64
@@ -349,10 +391,10 @@ def _head_block(
     """
     if WHOLE_ROW:
         _whole_row_block(in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows,
-                         rows_h, rows_w, w_ptr, b_ptr, weight_offset, eps, HEAD_DIM, HEAD_PAD, HALF, IS_NEOX, NORM,
-                         BIAS, IN_HEAD_STRIDE, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, kv_ptr, kv_rows, kv_tok_ok,
-                         kv_head_stride, KV_LANE, kv_chunk_stride, scale_ptr, OUT, KV, KV_CHUNK, KV_QUANT,
-                         KV_PER_CHANNEL, sums_ptr, sums_tp, NORM_SUMS, ELEM_W)
+                         rows_h, rows_w, max_position, cache_stride, w_ptr, b_ptr, weight_offset, eps, HEAD_DIM,
+                         HEAD_PAD, HALF, IS_NEOX, NORM, BIAS, IN_HEAD_STRIDE, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
+                         kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE, kv_chunk_stride, scale_ptr, OUT, KV,
+                         KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, sums_ptr, sums_tp, NORM_SUMS, ELEM_W, POS_PTRS)
     else:
         head_ok = head < num_heads
         row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
@@ -404,8 +446,8 @@ def _head_block(
         if ROWS_AFTER_DATA:
             # The cos/sin rows only now: their addresses wait on the positions, and by the time
             # the warp stalls on them every load of the head block is in flight.
-            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T,
-                                SEC_H, SEC_W, INTERLEAVED)
+            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cache_stride,
+                                HALF, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, POS_PTRS)
         if NORM:
             rstd = _rstd(sum_sq, sums_tp, num_heads, eps, HEAD_DIM, NORM_SUMS)
             if TAIL_CHUNKS > 1:
@@ -582,6 +624,11 @@ def _split_qkv_rmsnorm_rope_kernel(
     # Columns from one q head to the next (a gated q head is followed by its gate), where k starts.
     Q_STRIDE: tl.constexpr = HEAD_DIM * (2 if Q_GATE else 1)
     K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
+    # Rows gathered by the head block after its own loads, positions not loaded ahead, not mRoPE:
+    # the head block loads the positions too (it gets pointers to them), so its loads are issued
+    # before anything waits on the positions (in-order issue; computed here, the clamp made the
+    # head block's loads wait for them). T <= 256: 2-9% faster on five geometries (v13 A/B 5).
+    POS_PTRS: tl.constexpr = (ROWS_AFTER_DATA or WHOLE_ROW) and not (POS_AHEAD or MROPE)
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
 
     # Lanes of a head, once per program.
@@ -623,14 +670,18 @@ def _split_qkv_rmsnorm_rope_kernel(
             # q's and k's tiles rotate: only they wait on the positions. Positions as vectors (one
             # per axis with mRoPE), clamped into the cache: the offsets of the tile's cos/sin rows,
             # gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the head block after its
-            # own loads.
-            if not POS_AHEAD:
-                pos_t, pos_h, pos_w, _ = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride, pos_axis_stride,
-                                                    BLOCK_T, HEAD_BLOCKS, MROPE, False, Q_BLOCKS, G_END, K_END)
-            rows = tl.minimum(tl.maximum(pos_t, 0), max_position - 1).to(tl.int64) * cache_stride
+            # own loads (with POS_PTRS ``rows`` points at the positions, which it loads too).
+            if POS_PTRS:
+                rows = pos_ptr + tok64 * pos_stride
+            else:
+                if not POS_AHEAD:
+                    pos_t, pos_h, pos_w, _ = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride,
+                                                        pos_axis_stride, BLOCK_T, HEAD_BLOCKS, MROPE, False, Q_BLOCKS,
+                                                        G_END, K_END)
+                rows = _cache_row(pos_t, max_position, cache_stride)
             if MROPE:
-                rows_h = tl.minimum(tl.maximum(pos_h, 0), max_position - 1).to(tl.int64) * cache_stride
-                rows_w = tl.minimum(tl.maximum(pos_w, 0), max_position - 1).to(tl.int64) * cache_stride
+                rows_h = _cache_row(pos_h, max_position, cache_stride)
+                rows_w = _cache_row(pos_w, max_position, cache_stride)
             else:
                 rows_h = rows
                 rows_w = rows
@@ -638,17 +689,17 @@ def _split_qkv_rmsnorm_rope_kernel(
                 cos = 0.0
                 sin = 0.0
             else:
-                cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, HALF, MROPE, SEC_T, SEC_H,
-                                    SEC_W, INTERLEAVED)
+                cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cache_stride,
+                                    HALF, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, False)
             if head_block < Q_BLOCKS:
                 q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
                 _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                            q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok, jp, jq,
-                            q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
+                            q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, max_position, cache_stride,
+                            i, ia, ib, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
+                            HALF_PAD, IS_NEOX, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                             q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
-                            sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
+                            sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD, POS_PTRS)
             elif NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
                 kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
@@ -661,14 +712,14 @@ def _split_qkv_rmsnorm_rope_kernel(
                     v_rows, v_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
                                                 v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
                 _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
-                            k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, i, ia, ib, i_ok,
-                            jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF, HALF_PAD, IS_NEOX,
-                            PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_BIAS, HEAD_DIM,
+                            k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, max_position, cache_stride,
+                            i, ia, ib, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
+                            HALF_PAD, IS_NEOX, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_BIAS, HEAD_DIM,
                             ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
                             k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, K_LANE, kv_chunk_stride,
                             k_scale_ptr,
                             K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
-                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD)
+                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD, POS_PTRS)
                 if V_WITH_K and (V_NORM or KV_CACHE):
                     _row_store(v_x, v_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, v_out_stride, eps, HEAD_DIM,
                                HEAD_PAD, V_NORM, v_cache_ptr, v_rows, v_tok_ok, v_head_stride, V_LANE,
