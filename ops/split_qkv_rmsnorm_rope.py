@@ -62,7 +62,7 @@ filled (upstream race #16674), and no sparse gather is interleaved with the rota
 q's and k's tiles load positions and gather rows (the gate's and v's wait on neither). The
 gather happens before the q/k arms, or (``ROWS_AFTER_DATA``, and ``WHOLE_ROW``) in q's and k's
 arms after the head block's own loads are issued, so that their latency overlaps the positions
--> rows chain; there, unless they are loaded ahead or are mRoPE's, the head block loads the
+-> rows chain; there, where the plan says so (``positions_at_gather``), the head block loads the
 positions itself, after its own loads (``POS_PTRS``: issue is in order, so positions loaded and
 clamped before the arm held the head block's loads back until they arrived). With ``POS_AHEAD``
 (a plan's choice) a program loads the positions (and KV-cache slots) of its next tile while it
@@ -171,10 +171,13 @@ def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cac
     to broadcast over heads. ``rows`` ([BLOCK_T]) are the rows' offsets; with ``MROPE`` they are
     the t axis's, ``rows_h``/``rows_w`` the h and w axes', and lane ``i`` takes its axis's row:
     each axis's rows are gathered as whole 2-D blocks (plain masks, no per-lane addressing) and
-    each lane picks its own in registers. With ``POS_PTRS`` (never with mRoPE) ``rows`` points at
-    the tokens' positions instead, loaded and clamped into the cache (``max_position`` rows of
-    ``cache_stride``) here."""
+    each lane picks its own in registers. With ``POS_PTRS`` ``rows`` (and with ``MROPE``
+    ``rows_h``, ``rows_w``) point at the tokens' positions instead, loaded and clamped into the
+    cache (``max_position`` rows of ``cache_stride``) here."""
     if POS_PTRS:
+        if MROPE:
+            rows_h = _cache_row(tl.load(rows_h, mask=tok_ok, other=0), max_position, cache_stride)
+            rows_w = _cache_row(tl.load(rows_w, mask=tok_ok, other=0), max_position, cache_stride)
         rows = _cache_row(tl.load(rows, mask=tok_ok, other=0), max_position, cache_stride)
     ok = tok_ok[:, None] & i_ok[None, :]
     cos, sin = _cos_sin_rows(cache_ptr, rows, i, ok, HALF)
@@ -311,8 +314,9 @@ def _whole_row_block(
     # rows gathered, before the reduction: issue is in order, and each waited on the one before
     # when they came after it (the gated layer at T = 1 / 64: 5.92 -> 5.57 / 6.98 -> 6.53 us, v13
     # A/B 5; in the CPU SASS each weight's layout conversion is still a barrier that waits on its
-    # load before the next is issued). mRoPE (no POS_PTRS) keeps the norm first: the early order
-    # with its three gathers was 2-14% slower on Qwen3.5 at T <= 64 (v13 A/B 6).
+    # load before the next is issued). mRoPE's whole-row plans (no POS_PTRS, ``ops/tiling/cuda.py``)
+    # keep the norm first: the early order with its three gathers was 2-14% slower on Qwen3.5 at
+    # T <= 64 (v13 A/B 6).
     if NORM:
         if NORM_SUMS:
             sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
@@ -431,6 +435,11 @@ def _head_block(
                 if TAIL_W2 > 0:
                     w_p2, b_p2 = _tail_affine(w_ptr, b_ptr, jq, HEAD_DIM, weight_offset, NORM, BIAS, head, head_ok,
                                               ELEM_W)
+        if POS_PTRS and MROPE:
+            # mRoPE's three positions are loaded, and its rows gathered, before the reduction
+            # (after it, like the one axis below, was not timed; v14 A/B 3 timed this order).
+            cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cache_stride,
+                                HALF, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, POS_PTRS)
         if NORM and NORM_SUMS:
             sum_sq = tl.load(sums_ptr + tok64 * 2, mask=tok_ok, other=0.0).to(tl.float32)
         elif NORM:
@@ -443,7 +452,7 @@ def _head_block(
                 for c in tl.static_range(TAIL_CHUNKS):
                     pc = _tail_load(src, jp + c * TAIL_W, row_ok, HEAD_DIM)
                     sum_sq += tl.sum(pc * pc, axis=2)
-        if ROWS_AFTER_DATA:
+        if ROWS_AFTER_DATA and not (POS_PTRS and MROPE):
             # The cos/sin rows only now: their addresses wait on the positions, and by the time
             # the warp stalls on them every load of the head block is in flight.
             cos, sin = _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cache_stride,
@@ -604,7 +613,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr, POS_AHEAD: tl.constexpr,
-    WHOLE_ROW: tl.constexpr,
+    WHOLE_ROW: tl.constexpr, POS_PTRS: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
     NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
@@ -624,11 +633,6 @@ def _split_qkv_rmsnorm_rope_kernel(
     # Columns from one q head to the next (a gated q head is followed by its gate), where k starts.
     Q_STRIDE: tl.constexpr = HEAD_DIM * (2 if Q_GATE else 1)
     K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
-    # Rows gathered by the head block after its own loads, positions not loaded ahead, not mRoPE:
-    # the head block loads the positions too (it gets pointers to them), so its loads are issued
-    # before anything waits on the positions (in-order issue; computed here, the clamp made the
-    # head block's loads wait for them). T <= 256: 2-9% faster on five geometries (v13 A/B 5).
-    POS_PTRS: tl.constexpr = (ROWS_AFTER_DATA or WHOLE_ROW) and not (POS_AHEAD or MROPE)
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
 
     # Lanes of a head, once per program.
@@ -670,7 +674,10 @@ def _split_qkv_rmsnorm_rope_kernel(
             # q's and k's tiles rotate: only they wait on the positions. Positions as vectors (one
             # per axis with mRoPE), clamped into the cache: the offsets of the tile's cos/sin rows,
             # gathered as 2-D blocks here or, with ROWS_AFTER_DATA, by the head block after its
-            # own loads (with POS_PTRS ``rows`` points at the positions, which it loads too).
+            # own loads. With POS_PTRS (the plan's ``positions_at_gather``) ``rows`` (and mRoPE's
+            # ``rows_h``, ``rows_w``) point at the positions and the head block loads them too, so
+            # its own loads are issued before anything waits on the positions (issue is in order;
+            # clamped here, they held the head block's loads back, perf-notes v13).
             if POS_PTRS:
                 rows = pos_ptr + tok64 * pos_stride
             else:
@@ -679,7 +686,10 @@ def _split_qkv_rmsnorm_rope_kernel(
                                                         pos_axis_stride, BLOCK_T, HEAD_BLOCKS, MROPE, False, Q_BLOCKS,
                                                         G_END, K_END)
                 rows = _cache_row(pos_t, max_position, cache_stride)
-            if MROPE:
+            if MROPE and POS_PTRS:
+                rows_h = rows + pos_axis_stride
+                rows_w = rows + 2 * pos_axis_stride
+            elif MROPE:
                 rows_h = _cache_row(pos_h, max_position, cache_stride)
                 rows_w = _cache_row(pos_w, max_position, cache_stride)
             else:
@@ -916,7 +926,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k, POS_AHEAD=plan.positions_ahead,
-        WHOLE_ROW=plan.whole_row,
+        WHOLE_ROW=plan.whole_row, POS_PTRS=plan.positions_at_gather,
         # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
         # weights of H*D values.
         NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,

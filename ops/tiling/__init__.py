@@ -171,6 +171,14 @@ class PlanBase:
         return False
 
     @property
+    def positions_at_gather(self) -> bool:
+        """Where the rows are gathered in the arms (:attr:`rows_after_data` or :attr:`whole_row`)
+        and not loaded ahead, the head block loads the positions itself at the gather (the
+        kernel's ``POS_PTRS``) rather than the arm before it; off unless a backend measured it
+        better."""
+        return False
+
+    @property
     def whole_row(self) -> bool:
         """Hold each q and k head as one contiguous row, loading each rotary lane's pair element a
         second time (the kernel's ``WHOLE_ROW``), rather than as rotary halves and tail pieces; off

@@ -191,6 +191,23 @@ POS_AHEAD_KV_PROGRAMS_PER_SM = 8
 #: 34.30 -> 34.08 / 113.34 -> 115.71 (perf-notes v10 probes 0, 1).
 POS_AHEAD_MROPE = True
 
+#: Where the head block gathers the rows after its own loads (``LATE_ROWS``, whole rows) and the
+#: positions are not loaded ahead, the head block loads the positions too, at the gather
+#: (``PlanBase.positions_at_gather``, the kernel's ``POS_PTRS``): issue is in order, and positions
+#: loaded and clamped before the q/k arm held every data load of the tile back until they arrived
+#: (CPU SASS). T <= 64 0.2-0.5 us faster on every non-mRoPE geometry timed (the gated layer at T = 1
+#: 5.92 -> 5.57, 32/8/128 6.14 -> 5.63, 8/1/128 at T = 64 6.72 -> 6.18), T = 256 1-4%, T >= 4096
+#: level (perf-notes v13 A/B 5).
+POS_AT_GATHER = True
+#: ... with mRoPE's three positions only in small-batch plans of rotary halves (not whole rows),
+#: its rows gathered before the reduction there. One process, three rounds, the prologue:
+#: Qwen3-VL-8B (32/8/128) at T = 8 / 64 / 256 6.14 -> 6.08 / 6.59 -> 6.37 / 7.58 -> 7.36 us,
+#: Qwen3-VL-30B-A3B (32/4/128) at T = 1 / 64 5.89 -> 5.47 / 6.40 -> 6.18; with the write Qwen3-VL-8B
+#: at T = 64 6.59 -> 6.40; Qwen2.5-VL-7B (28/4/128, no q/k norm) level at T = 1 / 64 (perf-notes v14
+#: A/B 3). On whole-row plans (Qwen3.5) it was 2-14% slower at T <= 64 (v13 A/B 6); the large plans
+#: were not timed with it.
+POS_AT_GATHER_MROPE_SMALL_HALVES = True
+
 @dataclass(frozen=True)
 class CudaPlan(PlanBase):
     """A CUDA launch: ``block_tokens`` x (``block_heads`` q | ``kv_block_heads`` k) tiles."""
@@ -204,6 +221,7 @@ class CudaPlan(PlanBase):
     max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg); 0: no cap
     pos_ahead: bool = False  # the kernel's POS_AHEAD
     whole_rows: bool = False  # the kernel's WHOLE_ROW
+    pos_at_gather: bool = True  # the kernel's POS_PTRS, where rows are gathered late, not ahead
 
     @property
     def rows_after_data(self) -> bool:
@@ -220,6 +238,10 @@ class CudaPlan(PlanBase):
     @property
     def whole_row(self) -> bool:
         return self.whole_rows
+
+    @property
+    def positions_at_gather(self) -> bool:
+        return self.pos_at_gather and (self.late_rows or self.whole_rows) and not self.pos_ahead
 
     def tail_width(self, shape: KernelShape) -> int:
         if self.tail_lanes:
@@ -268,7 +290,8 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     ``CHUNKED_*``: where each was measured faster); a chunked tail's write and mRoPE prologue
     only their own programs per SM (``CHUNKED_KV_*``, ``CHUNKED_MROPE_*``). Layers of at most
     ``POS_AHEAD_MAX_Q_BLOCKS`` blocks of q heads, and the mRoPE plan, load the next tile's
-    positions ahead (``POS_AHEAD_*``).
+    positions ahead (``POS_AHEAD_*``); the others load them at the gather (``POS_AT_GATHER``),
+    except mRoPE's.
     """
     q_heads, k_heads = _block_heads(shape, max_block_heads)
     tail, chunked = 0, False
@@ -297,7 +320,8 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * (programs_per_sm or per_sm), num_warps=warps,
                     tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked,
-                    v_in_k_tiles=v_with_k, max_registers=cap, pos_ahead=ahead)
+                    v_in_k_tiles=v_with_k, max_registers=cap, pos_ahead=ahead,
+                    pos_at_gather=POS_AT_GATHER and not shape.mrope)
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:
@@ -315,7 +339,8 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     the critical path (16/2/256 R64 at T <= 256: 7.9-9.3 us whole, 8.5-9.6 chunked, v5 sweep 2);
     a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``), or, where the head
     dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``). One program a
-    tile, up to ``SMALL_PROGRAMS_PER_SM`` an SM.
+    tile, up to ``SMALL_PROGRAMS_PER_SM`` an SM. The head block loads the positions at the gather
+    (``POS_AT_GATHER``; mRoPE's only in halves, ``POS_AT_GATHER_MROPE_SMALL_HALVES``).
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
@@ -326,7 +351,9 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * SMALL_PROGRAMS_PER_SM,
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
-                    two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole)
+                    two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole,
+                    pos_at_gather=POS_AT_GATHER and (not shape.mrope or (POS_AT_GATHER_MROPE_SMALL_HALVES
+                                                                         and not whole)))
 
 
 def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:

@@ -726,6 +726,30 @@ def test_cuda_small_plan_whole_rows(name, tp, whole):
         assert small.max_programs == cuda.SMALL_PROGRAMS_PER_SM * 132
 
 
+@pytest.mark.parametrize("name, tp, small, large", [
+    # Not mRoPE: at the gather wherever the positions are not loaded ahead.
+    ("Qwen3-8B", 1, True, True), ("Qwen3-Next-80B-A3B", 1, True, False), ("Gemma-4-31B:sliding", 1, True, True),
+    ("Qwen3-32B", 8, True, False),
+    # mRoPE: only small-batch plans of rotary halves (not Qwen3.5's whole rows), never a large plan.
+    ("Qwen3-VL-8B", 1, True, False), ("Qwen3-VL-30B-A3B", 1, True, False), ("Qwen2.5-VL-7B", 1, True, False),
+    ("Qwen3.5-27B", 1, False, False), ("Qwen3.5-35B-A3B", 1, False, False),
+])
+def test_cuda_positions_at_gather(name, tp, small, large):
+    """Which plans have the head block load the positions at the gather (the kernel's
+    ``POS_PTRS``), in both ops; never where the positions are loaded ahead or gathered before the
+    arms, and never on Ascend."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    for kv in (False, True):
+        shape = dataclasses.replace(KernelShape.of(model(name).shard(tp), 2, 4), kv_cache=kv)
+        got_small, got_large = cuda.small_batch_plan(shape, facts), cuda.plan(shape, facts)
+        assert got_small.positions_at_gather is small
+        assert got_large.positions_at_gather is large
+        for p in (got_small, got_large):
+            early = dataclasses.replace(p, late_rows=False, whole_rows=False)
+            assert not early.positions_at_gather and not dataclasses.replace(p, pos_ahead=True).positions_at_gather
+        assert not ascend.plan(shape, device_facts.ascend_facts()).positions_at_gather
+
+
 @gpu
 @pytest.mark.parametrize("geometry", [SMALL, ALL_FEATURES], ids=lambda g: g.label)
 def test_cuda_graph_capture(device, geometry):
