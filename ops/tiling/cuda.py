@@ -201,7 +201,7 @@ POS_AHEAD_MROPE = True
 POS_AT_GATHER = True
 #: ... with mRoPE's three positions only in small-batch plans of rotary halves (not whole rows),
 #: its rows gathered before the reduction there. One process, three rounds, the prologue:
-#: Qwen3-VL-8B (32/8/128) at T = 8 / 64 / 256 6.14 -> 6.08 / 6.59 -> 6.37 / 7.58 -> 7.36 us,
+#: Qwen3-VL-8B (32/8/128) at T = 8 / 64 / 256 6.14 -> 6.08 / 6.59 -> 6.37 / 7.58 -> 7.36 us (T = 1 level),
 #: Qwen3-VL-30B-A3B (32/4/128) at T = 1 / 64 5.89 -> 5.47 / 6.40 -> 6.18; with the write Qwen3-VL-8B
 #: at T = 64 6.59 -> 6.40; Qwen2.5-VL-7B (28/4/128, no q/k norm) level at T = 1 / 64 (perf-notes v14
 #: A/B 3). On whole-row plans (Qwen3.5) it was 2-14% slower at T <= 64 (v13 A/B 6); the large plans
