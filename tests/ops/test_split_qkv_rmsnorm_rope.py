@@ -727,7 +727,8 @@ def test_cuda_small_plan_whole_rows(name, tp, whole):
 
 
 @pytest.mark.parametrize("name, tp, small, large", [
-    # Not mRoPE: at the gather wherever the positions are not loaded ahead.
+    # Not mRoPE: wherever the rows are gathered after the data and the positions are not loaded ahead
+    # (Qwen3-Next's large plan chunks its tail, so gathers first; Qwen3-32B TP 8's loads them ahead).
     ("Qwen3-8B", 1, True, True), ("Qwen3-Next-80B-A3B", 1, True, False), ("Gemma-4-31B:sliding", 1, True, True),
     ("Qwen3-32B", 8, True, False),
     # mRoPE: only small-batch plans of rotary halves (not Qwen3.5's whole rows), never a large plan.
