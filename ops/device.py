@@ -69,11 +69,14 @@ class AscendFacts:
 
 @dataclass(frozen=True)
 class CudaFacts:
-    """What a CUDA launch plan needs to know about one GPU."""
+    """What a CUDA launch plan needs to know about one GPU. ``dependent_launch``: kernels may be
+    launched with programmatic dependent launch (compute capability 9.0 and later, and
+    ``VLLM_ASCEND_EXT_CUDA_PDL`` on); never without a GPU, since the interpreter cannot run it."""
 
     name: str
     num_sms: int
     source: str
+    dependent_launch: bool = False
 
 
 def backend_of(device: torch.device | str) -> str:
@@ -149,7 +152,8 @@ def _facts_from(soc: str, cores: int | None, ub: int | None) -> AscendFacts:
 
 
 def cuda_facts(index: int | None = None) -> CudaFacts:
-    """SM count of CUDA device ``index`` (read once per device).
+    """SM count of CUDA device ``index``, and whether it takes dependent launches (read once per
+    device).
 
     ``None`` means no GPU is in use (the CUDA plan emulated on the CPU): the count comes from
     ``VLLM_ASCEND_EXT_NUM_SMS``, else :data:`DEFAULT_NUM_SMS`.
@@ -165,4 +169,5 @@ def cuda_facts(index: int | None = None) -> CudaFacts:
 @functools.lru_cache(maxsize=None)
 def _gpu_facts(index: int) -> CudaFacts:
     props = torch.cuda.get_device_properties(index)
-    return CudaFacts(name=props.name, num_sms=props.multi_processor_count, source="device")
+    return CudaFacts(name=props.name, num_sms=props.multi_processor_count, source="device",
+                     dependent_launch=props.major >= 9 and settings.cuda_pdl_enabled())

@@ -38,6 +38,7 @@ __all__ = [
     "ascend_kv_update_enabled",
     "ascendc_library",
     "build_ascendc",
+    "cuda_pdl_enabled",
     "fusion_enabled",
     "impl",
     "kv_cache_fusion_enabled",
@@ -60,6 +61,7 @@ SOC = "VLLM_ASCEND_EXT_SOC"
 UB_BYTES = "VLLM_ASCEND_EXT_UB_BYTES"
 VECTOR_CORES = "VLLM_ASCEND_EXT_VECTOR_CORES"
 NUM_SMS = "VLLM_ASCEND_EXT_NUM_SMS"
+CUDA_PDL = "VLLM_ASCEND_EXT_CUDA_PDL"
 ASCENDC_LIB = "VLLM_ASCEND_EXT_ASCENDC_LIB"
 BUILD_ASCENDC = "VLLM_ASCEND_EXT_BUILD_ASCENDC"
 MSPROF_SCRIPT = "VLLM_ASCEND_EXT_MSPROF_SCRIPT"
@@ -127,6 +129,10 @@ SETTINGS: tuple[Setting, ...] = (
             "vector cores the Ascend grid is sized for when no NPU is attached"),
     Setting(NUM_SMS, f"integer, 1 to {MAX_CORES}", "132 (the H200)",
             "SMs the CUDA plan is sized for when no GPU is attached (CPU planning and checks)"),
+    Setting(CUDA_PDL, "boolean", "on",
+            "CUDA, compute capability 9.0 and later: the op's kernel is launched with programmatic "
+            "dependent launch (it waits for the kernel before it, whose end its launch overlaps); off: "
+            "plain launches"),
     Setting(ASCENDC_LIB, "path to a shared library", "`libvllm_ascend_ext_ascendc.so` next to "
             "`vllm_ascend_ext/ascendc.py`", "the CANN-built AscendC library to load"),
     Setting(BUILD_ASCENDC, "boolean", "unset: build when `ASCEND_HOME_PATH` is set",
@@ -238,6 +244,11 @@ def num_sms() -> int | None:
     return _int(NUM_SMS, 1, MAX_CORES)
 
 
+def cuda_pdl_enabled() -> bool:
+    """``VLLM_ASCEND_EXT_CUDA_PDL`` (default on; read once per GPU, by its plan facts)."""
+    return bool(_bool(CUDA_PDL, True))
+
+
 def ascendc_library() -> Path | None:
     """``VLLM_ASCEND_EXT_ASCENDC_LIB`` as a path (not checked), or ``None`` when unset."""
     raw = _raw(ASCENDC_LIB)
@@ -276,6 +287,7 @@ READERS = {
     UB_BYTES: ub_bytes,
     VECTOR_CORES: vector_cores,
     NUM_SMS: num_sms,
+    CUDA_PDL: cuda_pdl_enabled,
     ASCENDC_LIB: ascendc_library,
     BUILD_ASCENDC: build_ascendc,
     MSPROF_SCRIPT: msprof_script,

@@ -60,6 +60,17 @@ def test_num_sms_is_checked_where_it_is_read(monkeypatch, text):
         device.cuda_facts(None)
 
 
+def test_dependent_launch_is_on_unless_switched_off(monkeypatch):
+    monkeypatch.delenv(settings.CUDA_PDL, raising=False)
+    assert settings.cuda_pdl_enabled() is True
+    monkeypatch.setenv(settings.CUDA_PDL, "Off")
+    assert settings.cuda_pdl_enabled() is False
+    monkeypatch.setenv(settings.CUDA_PDL, "sometimes")
+    with pytest.raises(settings.SettingError, match=rf"{settings.CUDA_PDL}='sometimes'"):
+        settings.cuda_pdl_enabled()
+    assert device.cuda_facts(None).dependent_launch is False  # no GPU: the interpreter cannot run it
+
+
 def test_soc_names_are_case_insensitive_and_unknown_ones_refused(monkeypatch):
     monkeypatch.setenv(settings.SOC, "ascend910b4")
     assert device.ascend_facts(None).soc == "Ascend910B4"
