@@ -113,6 +113,12 @@ def bare(geometry):
     return replace(geometry, q_gate=False, v_norm=False, mrope_section=None, mrope_interleaved=False)
 
 
+def _sm90_facts():
+    """The plan facts of the GPU compiled for (``TARGET_ARCH``): the SM count of :func:`cuda_facts`,
+    with dependent launch, as the op launches there."""
+    return replace(cuda_facts(), dependent_launch=True)
+
+
 def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None, kv_plan: bool = False):
     """The plan, signature and constexprs of one geometry under the plan ``plan_geometry``
     (default: its own) gets; with ``kv`` as the cache-write op (validated by the op's own
@@ -130,7 +136,7 @@ def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None,
     plan_shape = KernelShape.of(plan_geometry or geometry, 2, 4)
     if kv is not None or kv_plan:
         plan_shape = replace(plan_shape, kv_cache=True)
-    plan = (cuda.small_batch_plan if small else cuda.plan)(plan_shape, cuda_facts())
+    plan = (cuda.small_batch_plan if small else cuda.plan)(plan_shape, _sm90_facts())
     constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
                              q_bias=False, k_bias=False, mrope_section=geometry.mrope_section,
                              mrope_interleaved=geometry.mrope_interleaved,

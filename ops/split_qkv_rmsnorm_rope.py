@@ -68,7 +68,11 @@ clamped before the arm held the head block's loads back until they arrived). Wit
 (a plan's choice) a program loads the positions (and KV-cache slots) of its next tile while it
 works on the current one, so that chain starts from registers after the first tile. With the
 KV-cache write (the ``KV_*`` constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's
-stores go to the paged cache through ``_store``, quantised there for an int8 or fp8 cache.
+stores go to the paged cache through ``_store``, quantised there for an int8 or fp8 cache. With
+``PDL`` (a CUDA plan's choice, sm_90 and later) the kernel is launched with programmatic
+dependent launch: each program first waits for the grid before it to finish, then lets the next
+grid launch (``_grid_dependency``), so in a captured graph the launch overlaps the end of the
+kernel before it.
 """
 
 from __future__ import annotations
@@ -592,6 +596,17 @@ def _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride, pos_axis_stride,
     return pos, pos, pos, slot
 
 
+@triton.jit
+def _grid_dependency():
+    """Under programmatic dependent launch (a CUDA plan's ``dependent_launch``, sm_90 and later):
+    wait until the grid before this one has finished and its writes show (``griddepcontrol.wait``;
+    before it this program touches no memory), then let the next grid launch
+    (``griddepcontrol.launch_dependents``), so its programs start as this one's end. Inline PTX of
+    our own, since triton-ascend has no ``triton.language.extra.cuda``."""
+    tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; // $0", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride", "sums_tp"])
 def _split_qkv_rmsnorm_rope_kernel(
     qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
@@ -613,7 +628,7 @@ def _split_qkv_rmsnorm_rope_kernel(
     INTERLEAVED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     ROWS_AFTER_DATA: tl.constexpr, V_WITH_K: tl.constexpr, POS_AHEAD: tl.constexpr,
-    WHOLE_ROW: tl.constexpr, POS_PTRS: tl.constexpr,
+    WHOLE_ROW: tl.constexpr, POS_PTRS: tl.constexpr, PDL: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_OUT: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
     KV_PER_CHANNEL: tl.constexpr, K_LANE: tl.constexpr, V_LANE: tl.constexpr,
     NORM_SUMS: tl.constexpr, ELEM_W: tl.constexpr,
@@ -634,6 +649,8 @@ def _split_qkv_rmsnorm_rope_kernel(
     Q_STRIDE: tl.constexpr = HEAD_DIM * (2 if Q_GATE else 1)
     K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
+    if PDL:
+        _grid_dependency()
 
     # Lanes of a head, once per program.
     i = tl.arange(0, HALF_PAD)
@@ -926,7 +943,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         SEC_W=sec_w, INTERLEAVED=bool(shape.mrope and mrope_interleaved),
         BLOCK_T=plan.block_tokens, BLOCK_HQ=plan.block_heads, BLOCK_HK=plan.block_heads_k,
         ROWS_AFTER_DATA=plan.rows_after_data, V_WITH_K=plan.v_with_k, POS_AHEAD=plan.positions_ahead,
-        WHOLE_ROW=plan.whole_row, POS_PTRS=plan.positions_at_gather,
+        WHOLE_ROW=plan.whole_row, POS_PTRS=plan.positions_at_gather, PDL=plan.dependent_launch,
         # Normalised across all heads (split_qkv_tp_rmsnorm_rope): rstd from the [T, 2] sums,
         # weights of H*D values.
         NORM_SUMS=shape.norm_across_heads, ELEM_W=shape.norm_across_heads,

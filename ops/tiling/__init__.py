@@ -179,6 +179,12 @@ class PlanBase:
         return False
 
     @property
+    def dependent_launch(self) -> bool:
+        """Launch with programmatic dependent launch (the kernel's ``PDL``: it waits for the grid
+        before it, then lets the next one launch); off unless a backend has it and measured it."""
+        return False
+
+    @property
     def whole_row(self) -> bool:
         """Hold each q and k head as one contiguous row, loading each rotary lane's pair element a
         second time (the kernel's ``WHOLE_ROW``), rather than as rotary halves and tail pieces; off

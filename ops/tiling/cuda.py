@@ -184,6 +184,16 @@ POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS = 1
 #: faster than 16 on 8/1/128 (T = 4096: 12.93 -> 12.03 us), 8/2/128 (13.60 -> 13.18), 4/1/128
 #: (16384: 21.15 -> 20.80) and 16/2/128 at T = 4096 (18.30 -> 17.95; 0.7% slower at 16384).
 POS_AHEAD_KV_PROGRAMS_PER_SM = 8
+#: ... but under dependent launch (``DEPENDENT_LAUNCH``) the write loads them at the gather instead
+#: where k's block is one head beside q's blocks of at least this many heads (one axis of
+#: positions). H200, one process, two rounds, T = 4096 / 16384, ahead -> at the gather: 8/1/128
+#: (Qwen3-32B TP 8) 20 calls a graph 5.57 -> 4.99 / 24.06 -> 24.53 us, one call 11.48 -> 11.62 /
+#: 28.50 -> 29.32; 16/1/128 (Qwen3-235B-A22B TP 4) 9.14 -> 8.64 / 42.60 -> 40.70, one call 17.00 ->
+#: 16.56 / 46.79 -> 45.38; 8/1/256 v-norm (Gemma-4-E2B) level. Where q's block is smaller or k's
+#: larger it lost or was mixed: 4/1/128 20 calls 4.18 -> 4.24 at T = 4096, 8/2/128 one call 12.79 ->
+#: 13.18; mRoPE 4/1/128 10.4 -> 11.8 one call (perf-notes v15 A/B 4). Without dependent launch the
+#: rule above stands (v10). Why the amortised write gains is not known.
+POS_AT_GATHER_KV_PDL_MIN_Q_HEADS = 8
 #: The mRoPE plan (``MROPE_*``) loads positions ahead too: its prologue on 32/8/128 (Qwen3-VL-8B)
 #: T = 4096 / 16384 29.70 -> 28.80 / 94.78 -> 92.45 us, 32/4/128 (Qwen3-VL-30B-A3B) 28.51 -> 27.52 /
 #: 88.58 -> 85.02; with the write only where v moves in k's tiles (``V_WITH_K_SMALL_K_BLOCKS``):
@@ -208,6 +218,18 @@ POS_AT_GATHER = True
 #: were not timed with it.
 POS_AT_GATHER_MROPE_SMALL_HALVES = True
 
+#: Launch with programmatic dependent launch where the GPU has it (``CudaFacts.dependent_launch``:
+#: compute capability 9.0+, ``VLLM_ASCEND_EXT_CUDA_PDL`` on): the kernel waits for the grid before
+#: it (``griddepcontrol.wait``) before touching memory, then lets the next grid launch, so in a
+#: captured graph its launch and its programs' start overlap the end of the kernel before it. H200,
+#: one process, 20 calls a graph (per call), three rounds: T = 1 2.12 -> 1.50 us (Qwen3-32B TP 8
+#: prologue), 1.98 -> 1.43 (Qwen3-8B), T = 64 2.4-3.0 -> 1.7-2.5 on every geometry timed, T = 4096
+#: 0.4-0.5 us off (8/1/128's write 6.11 -> 5.60), T = 16384 0.3 off; one call a graph level (nothing
+#: before it to overlap); waiting without letting the next grid launch early gained a fifth as much.
+#: Gemma-4-31B's prologue at T = 4096 (20 calls) lost 2% (69.05 -> 70.70) (perf-notes v15 A/B 2).
+DEPENDENT_LAUNCH = True
+
+
 @dataclass(frozen=True)
 class CudaPlan(PlanBase):
     """A CUDA launch: ``block_tokens`` x (``block_heads`` q | ``kv_block_heads`` k) tiles."""
@@ -222,6 +244,7 @@ class CudaPlan(PlanBase):
     pos_ahead: bool = False  # the kernel's POS_AHEAD
     whole_rows: bool = False  # the kernel's WHOLE_ROW
     pos_at_gather: bool = True  # the kernel's POS_PTRS, where rows are gathered late, not ahead
+    pdl: bool = False  # the kernel's PDL, launched with programmatic dependent launch
 
     @property
     def rows_after_data(self) -> bool:
@@ -238,6 +261,10 @@ class CudaPlan(PlanBase):
     @property
     def whole_row(self) -> bool:
         return self.whole_rows
+
+    @property
+    def dependent_launch(self) -> bool:
+        return self.pdl
 
     @property
     def positions_at_gather(self) -> bool:
@@ -266,9 +293,12 @@ class CudaPlan(PlanBase):
 
     @property
     def launch_options(self) -> dict:
+        options = {"num_warps": self.num_warps}
         if self.max_registers:
-            return {"num_warps": self.num_warps, "maxnreg": self.max_registers}
-        return {"num_warps": self.num_warps}
+            options["maxnreg"] = self.max_registers
+        if self.pdl:
+            options["launch_pdl"] = True
+        return options
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,9 +321,12 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     only their own programs per SM (``CHUNKED_KV_*``, ``CHUNKED_MROPE_*``). Layers of at most
     ``POS_AHEAD_MAX_Q_BLOCKS`` blocks of q heads, and the mRoPE plan, load the next tile's
     positions ahead (``POS_AHEAD_*``); the others load them at the gather (``POS_AT_GATHER``),
-    except mRoPE's.
+    except mRoPE's. Where the GPU has it every plan launches with programmatic dependent launch
+    (``DEPENDENT_LAUNCH``), and then the write's plan of one k head beside full blocks of q's loads
+    its positions at the gather rather than ahead (``POS_AT_GATHER_KV_PDL_MIN_Q_HEADS``).
     """
     q_heads, k_heads = _block_heads(shape, max_block_heads)
+    pdl = _dependent_launch(facts)
     tail, chunked = 0, False
     if shape.pass_dim:
         chunked = shape.pass_pad >= chunk_tail_min_lanes and shape.pass_pad > shape.half_pad
@@ -314,14 +347,20 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
         per_sm = CHUNKED_KV_PROGRAMS_PER_SM if shape.kv_cache else CHUNKED_MROPE_PROGRAMS_PER_SM
     elif not chunked and shape.num_kv_heads and q_blocks <= POS_AHEAD_MAX_Q_BLOCKS:
         if shape.kv_cache:
-            ahead, per_sm = True, POS_AHEAD_KV_PROGRAMS_PER_SM
+            per_sm = POS_AHEAD_KV_PROGRAMS_PER_SM
+            ahead = not (pdl and not shape.mrope and k_heads == 1 and q_heads >= POS_AT_GATHER_KV_PDL_MIN_Q_HEADS)
         else:
             ahead = not shape.mrope or k_heads <= POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * (programs_per_sm or per_sm), num_warps=warps,
                     tail_lanes=tail if chunked else 0, late_rows=LATE_ROWS and not chunked,
                     v_in_k_tiles=v_with_k, max_registers=cap, pos_ahead=ahead,
-                    pos_at_gather=POS_AT_GATHER and not shape.mrope)
+                    pos_at_gather=POS_AT_GATHER and not shape.mrope, pdl=pdl)
+
+
+def _dependent_launch(facts: CudaFacts) -> bool:
+    """Whether this GPU's plans launch with programmatic dependent launch (``DEPENDENT_LAUNCH``)."""
+    return DEPENDENT_LAUNCH and facts.dependent_launch
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:
@@ -340,7 +379,8 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``), or, where the head
     dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``). One program a
     tile, up to ``SMALL_PROGRAMS_PER_SM`` an SM. The head block loads the positions at the gather
-    (``POS_AT_GATHER``; mRoPE's only in halves, ``POS_AT_GATHER_MROPE_SMALL_HALVES``).
+    (``POS_AT_GATHER``; mRoPE's only in halves, ``POS_AT_GATHER_MROPE_SMALL_HALVES``). Dependent
+    launch as :func:`plan`.
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
@@ -353,7 +393,8 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole,
                     pos_at_gather=POS_AT_GATHER and (not shape.mrope or (POS_AT_GATHER_MROPE_SMALL_HALVES
-                                                                         and not whole)))
+                                                                         and not whole)),
+                    pdl=_dependent_launch(facts))
 
 
 def plan_for_tokens(shape: KernelShape, facts: CudaFacts, num_tokens: int) -> CudaPlan:

@@ -751,6 +751,51 @@ def test_cuda_positions_at_gather(name, tp, small, large):
         assert not ascend.plan(shape, device_facts.ascend_facts()).positions_at_gather
 
 
+@pytest.mark.parametrize("name,tp,at_gather", [
+    # The write's large plan loads the positions ahead on all of these; under dependent launch it
+    # loads them at the gather where k's block is one head beside 8 of q's.
+    ("Qwen3-32B", 8, True), ("Qwen3-235B-A22B", 4, True), ("Gemma-4-E2B:sliding", 1, True),
+    ("Qwen3-8B", 8, False), ("Qwen3-8B", 4, False), ("Qwen3-VL-8B", 8, False),
+])
+def test_cuda_dependent_launch(name, tp, at_gather):
+    """Every CUDA plan asks Triton for dependent launch exactly where the GPU's facts allow it,
+    never on Ascend; under it only the write's large plans named above change otherwise (positions
+    at the gather instead of ahead)."""
+    off = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    on = dataclasses.replace(off, dependent_launch=True)
+    for kv in (False, True):
+        shape = dataclasses.replace(KernelShape.of(model(name).shard(tp), 2, 4), kv_cache=kv)
+        assert cuda.plan(shape, off).pos_ahead
+        for make in (cuda.small_batch_plan, cuda.plan):
+            plain, dependent = make(shape, off), make(shape, on)
+            assert not plain.dependent_launch and "launch_pdl" not in plain.launch_options
+            assert dependent.dependent_launch and dependent.launch_options["launch_pdl"] is True
+            changed = kv and make is cuda.plan and at_gather
+            assert dependent.pos_ahead is (plain.pos_ahead and not changed)
+            assert dataclasses.replace(dependent, pdl=False, pos_ahead=plain.pos_ahead) == plain
+        assert not ascend.plan(shape, device_facts.ascend_facts()).dependent_launch
+
+
+@gpu
+def test_cuda_graph_dependent_calls(device):
+    """Twenty in-place calls captured in one graph, each reading the q and k the one before wrote
+    (what dependent launch must order: the kernel waits for the grid before it), replay as they
+    run one by one."""
+    args = make_inputs(SMALL, 4097, device=device)
+    qkv = args.pop("qkv")
+    eager, captured = qkv.clone(), qkv.clone()
+    for _ in range(20):
+        split_qkv_rmsnorm_rope(eager, **args, inplace=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            split_qkv_rmsnorm_rope(captured, **args, inplace=True)
+    captured.copy_(qkv)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
 @gpu
 @pytest.mark.parametrize("geometry", [SMALL, ALL_FEATURES], ids=lambda g: g.label)
 def test_cuda_graph_capture(device, geometry):
