@@ -160,6 +160,7 @@ def cuda_facts(index: int | None = None) -> CudaFacts:
     """
     if index is not None:
         return _gpu_facts(index)
+    settings.cuda_pdl_enabled()  # parsed without a GPU too: a malformed value shows wherever facts are read
     sms = settings.num_sms()
     if sms is None:
         return CudaFacts(name="NVIDIA H200 (default)", num_sms=DEFAULT_NUM_SMS, source="default")

@@ -109,6 +109,7 @@ def test_ascendc_library_that_is_not_one_is_flagged(cli, monkeypatch, tmp_path, 
     ("VLLM_ASCEND_EXT_SOC", "Ascend999", "Ascend facts"),
     ("VLLM_ASCEND_EXT_NUM_SMS", "garbage", "CUDA facts"),
     ("VLLM_ASCEND_EXT_NUM_SMS", "0", "CUDA facts"),
+    ("VLLM_ASCEND_EXT_CUDA_PDL", "maybe", "CUDA facts"),
 ])
 def test_malformed_device_fact_variables_are_wrong_and_named(cli, monkeypatch, name, value, line):
     monkeypatch.setenv(name, value)

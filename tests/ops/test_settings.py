@@ -68,6 +68,9 @@ def test_dependent_launch_is_on_unless_switched_off(monkeypatch):
     monkeypatch.setenv(settings.CUDA_PDL, "sometimes")
     with pytest.raises(settings.SettingError, match=rf"{settings.CUDA_PDL}='sometimes'"):
         settings.cuda_pdl_enabled()
+    with pytest.raises(settings.SettingError, match=settings.CUDA_PDL):
+        device.cuda_facts(None)  # read without a GPU too
+    monkeypatch.setenv(settings.CUDA_PDL, "on")
     assert device.cuda_facts(None).dependent_launch is False  # no GPU: the interpreter cannot run it
 
 

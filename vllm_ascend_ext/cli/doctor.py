@@ -234,7 +234,8 @@ def _facts_checks(backend: Backend) -> list[Check]:
     try:
         cuda = device.cuda_facts(0 if backend.name == "cuda" and not backend.forced else None)
         where = "this GPU" if cuda.source == "device" else f"planning target, from {cuda.source} (no GPU attached)"
-        checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs; {where}"))
+        launch = "; dependent launch" if cuda.dependent_launch else ""
+        checks.append(Check(INFO, "CUDA facts", f"{cuda.name}: {cuda.num_sms} SMs{launch}; {where}"))
     except settings.SettingError as exc:
         checks.append(Check(WRONG, "CUDA facts", str(exc).splitlines()[0],
                             _setting_fix(exc) or f"set {settings.NUM_SMS}"))
