@@ -186,13 +186,13 @@ POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS = 1
 POS_AHEAD_KV_PROGRAMS_PER_SM = 8
 #: ... but under dependent launch (``DEPENDENT_LAUNCH``) the write loads them at the gather instead
 #: where k's block is one head beside q's blocks of at least this many heads (one axis of
-#: positions). H200, one process, two rounds, T = 4096 / 16384, ahead -> at the gather: 8/1/128
-#: (Qwen3-32B TP 8) 20 calls a graph 5.57 -> 4.99 / 24.06 -> 24.53 us, one call 11.48 -> 11.62 /
-#: 28.50 -> 29.32; 16/1/128 (Qwen3-235B-A22B TP 4) 9.14 -> 8.64 / 42.60 -> 40.70, one call 17.00 ->
-#: 16.56 / 46.79 -> 45.38; 8/1/256 v-norm (Gemma-4-E2B) level. Where q's block is smaller or k's
-#: larger it lost or was mixed: 4/1/128 20 calls 4.18 -> 4.24 at T = 4096, 8/2/128 one call 12.79 ->
-#: 13.18; mRoPE 4/1/128 10.4 -> 11.8 one call (perf-notes v15 A/B 4). Without dependent launch the
-#: rule above stands (v10). Why the amortised write gains is not known.
+#: positions). H200, one process, the better of two rounds, T = 4096 / 16384, ahead -> at the
+#: gather: 8/1/128 (Qwen3-32B TP 8) 20 calls a graph 5.56 -> 4.98 / 24.05 -> 24.53 us, one call
+#: 11.46 -> 11.58 / 28.38 -> 29.22; 16/1/128 (Qwen3-235B-A22B TP 4) 9.13 -> 8.61 / 42.55 -> 40.68, one
+#: call 16.93 -> 16.51 / 46.75 -> 45.31; 8/1/256 v-norm (Gemma-4-E2B) level. Where q's block is
+#: smaller or k's larger it lost or was mixed: 4/1/128 20 calls 4.17 -> 4.23 at T = 4096, 8/2/128 one
+#: call 12.74 -> 13.18; mRoPE 4/1/128 one call 10.27 -> 11.74 (perf-notes v15 A/B 4). Without
+#: dependent launch the rule above stands (v10). Why the amortised write gains is not known.
 POS_AT_GATHER_KV_PDL_MIN_Q_HEADS = 8
 #: The mRoPE plan (``MROPE_*``) loads positions ahead too: its prologue on 32/8/128 (Qwen3-VL-8B)
 #: T = 4096 / 16384 29.70 -> 28.80 / 94.78 -> 92.45 us, 32/4/128 (Qwen3-VL-30B-A3B) 28.51 -> 27.52 /
@@ -222,11 +222,12 @@ POS_AT_GATHER_MROPE_SMALL_HALVES = True
 #: compute capability 9.0+, ``VLLM_ASCEND_EXT_CUDA_PDL`` on): the kernel waits for the grid before
 #: it (``griddepcontrol.wait``) before touching memory, then lets the next grid launch, so in a
 #: captured graph its launch and its programs' start overlap the end of the kernel before it. H200,
-#: one process, 20 calls a graph (per call), three rounds: T = 1 2.12 -> 1.50 us (Qwen3-32B TP 8
-#: prologue), 1.98 -> 1.43 (Qwen3-8B), T = 64 2.4-3.0 -> 1.7-2.5 on every geometry timed, T = 4096
-#: 0.4-0.5 us off (8/1/128's write 6.11 -> 5.60), T = 16384 0.3 off; one call a graph level (nothing
-#: before it to overlap); waiting without letting the next grid launch early gained a fifth as much.
-#: Gemma-4-31B's prologue at T = 4096 (20 calls) lost 2% (69.05 -> 70.70) (perf-notes v15 A/B 2).
+#: one process, 20 calls a graph (per call), the better of three rounds: T = 1 2.10 -> 1.49 us
+#: (Qwen3-32B TP 8 prologue), 1.97 -> 1.42 (Qwen3-8B), T = 64 2.3-3.1 -> 1.7-2.5 on every geometry
+#: timed, T = 4096 0.4-0.7 us off (8/1/128's write 6.10 -> 5.60), T = 16384 0.3 off; one call a graph
+#: level (nothing before it to overlap); waiting without letting the next grid launch early gained
+#: a fifth as much. Gemma-4-31B's prologue at T = 4096 (20 calls) lost 2% (69.03 -> 70.60)
+#: (perf-notes v15 A/B 2).
 DEPENDENT_LAUNCH = True
 
 
