@@ -507,6 +507,7 @@ VALID = {
     settings.UB_BYTES: ("0x10000", 65536),
     settings.VECTOR_CORES: ("20", 20),
     settings.NUM_SMS: ("78", 78),
+    settings.CUDA_PDL: ("Off", False),
     settings.ASCENDC_LIB: ("/opt/lib.so", Path("/opt/lib.so")),
     settings.BUILD_ASCENDC: ("no", False),
     settings.MSPROF_SCRIPT: ("/opt/msprof.sh", Path("/opt/msprof.sh")),
