@@ -245,7 +245,8 @@ def num_sms() -> int | None:
 
 
 def cuda_pdl_enabled() -> bool:
-    """``VLLM_ASCEND_EXT_CUDA_PDL`` (default on; read once per GPU, by its plan facts)."""
+    """``VLLM_ASCEND_EXT_CUDA_PDL`` (default on; read by the CUDA device facts: once per GPU, and at
+    every read of the facts without one, where it only has to parse)."""
     return bool(_bool(CUDA_PDL, True))
 
 
