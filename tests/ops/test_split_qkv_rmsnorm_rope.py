@@ -726,6 +726,29 @@ def test_cuda_small_plan_whole_rows(name, tp, whole):
         assert small.max_programs == cuda.SMALL_PROGRAMS_PER_SM * 132
 
 
+@pytest.mark.parametrize("name, tp, tokens, v_with_k", [
+    # One token's row of 8 heads of 128 lanes (or fewer, narrower heads; 4 of 256): 2 tokens a tile,
+    # and v in k's tiles where k's block holds at most half of q's heads.
+    ("Qwen3-8B", 1, 2, False), ("Qwen3-235B-A22B", 1, 2, True), ("Qwen3-32B", 8, 2, True),
+    ("MiniMax-M2", 8, 2, True), ("Phi-2", 1, 2, False), ("Gemma-4-31B:sliding", 8, 2, True),
+    # A row of 2048 elements, 512-lane heads, whole rows: one token, as the prologue's.
+    ("Gemma-4-31B:sliding", 1, 1, False), ("Gemma-4-E2B:full", 4, 1, False), ("Qwen3-Next-80B-A3B", 1, 1, False),
+    # mRoPE's own 2 tokens, and narrower rows that already take 2: as the prologue's.
+    ("Qwen3-VL-8B", 1, 2, False), ("Qwen3-8B", 8, 2, False),
+])
+def test_cuda_small_kv_plan_tokens(name, tp, tokens, v_with_k):
+    """The write's small-batch plan takes 2 tokens a tile where the prologue's takes one row of up to
+    8 heads of at most 256 lanes, and then v in k's tiles where k's block is small; nothing else of it
+    differs from the prologue's."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test", dependent_launch=True)
+    shape = KernelShape.of(model(name).shard(tp), 2, 4)
+    prologue = cuda.small_batch_plan(shape, facts)
+    write = cuda.small_batch_plan(dataclasses.replace(shape, kv_cache=True), facts)
+    assert (write.block_tokens, write.v_with_k) == (tokens, v_with_k)
+    assert dataclasses.replace(write, block_tokens=prologue.block_tokens, v_in_k_tiles=False) == prologue
+    assert not prologue.v_with_k
+
+
 @pytest.mark.parametrize("name, tp, small, large", [
     # Not mRoPE: wherever the rows are gathered after the data and the positions are not loaded ahead
     # (Qwen3-Next's large plan chunks its tail, so gathers first; Qwen3-32B TP 8's loads them ahead).
