@@ -100,23 +100,28 @@ TWO_PIECE_MIN_PER_THREAD = 4
 #: more tokens share them): 32/8/128 interleaved at T = 64 6.91 -> 6.37 us, at T = 256 8.26 ->
 #: 7.36 with 2 tokens rather than 1 (issue-10 sweep, perf-notes v6).
 SMALL_MROPE_MIN_TOKENS = 2
-#: The write's small-batch tile takes at least this many tokens where the prologue's takes one whose
-#: row (8 heads of 128 padded lanes, 4 of 256) fits ``SMALL_TILE_ELEMENTS``, and the heads are held in
-#: halves of at most ``SMALL_KV_MAX_HEAD_LANES`` padded lanes (not whole rows; mRoPE already takes
-#: ``SMALL_MROPE_MIN_TOKENS``). Under dependent launch, H200, one process, the better of three rounds,
-#: 20 calls a graph (per call), 1 -> 2 tokens: 32/8/128 at T = 1 / 8 / 64 1.41 -> 1.35 / 1.53 -> 1.44 /
-#: 1.93 -> 1.79 us, 64/4/128 at T = 64 2.34 -> 2.04, 32/4/128 1.86 -> 1.72, 8/2/128 1.78 -> 1.49,
-#: 16/1/128 1.90 -> 1.80, 8/1/128 at T = 256 2.43 -> 2.19; one call a graph level (-0.3 to +0.2 us).
-#: Where one token's row is 2048 elements (Gemma-4-31B 32/16/256, Qwen3-Next's whole rows) 2 tokens
-#: lost 4-30% (perf-notes v16 A/B 0).
-SMALL_KV_MIN_TOKENS = 2
+#: Tokens per small-batch tile at least where one token's row fits ``SMALL_TILE_ELEMENTS`` (8 heads of
+#: 128 padded lanes, 4 of 256) in halves of at most ``SMALL_MIN_TOKENS_MAX_LANES`` padded lanes (not
+#: whole rows; mRoPE takes ``SMALL_MROPE_MIN_TOKENS`` anyway). Under dependent launch, H200, one
+#: process, the better of three rounds, 20 calls a graph (per call), 1 -> 2 tokens, the write:
+#: 32/8/128 at T = 1 / 8 / 64 1.41 -> 1.35 / 1.53 -> 1.44 / 1.93 -> 1.79 us, 64/4/128 at T = 64 2.34 ->
+#: 2.04, 32/4/128 1.86 -> 1.72, 8/2/128 1.78 -> 1.49, 16/1/128 1.90 -> 1.80, 8/1/128 at T = 256 2.43 ->
+#: 2.19 (perf-notes v16 A/B 0); the prologue: 32/8/128 1.42 -> 1.30 / 1.54 -> 1.40 / 1.79 -> 1.66,
+#: 8/2/128 1.50 -> 1.25 / 1.62 -> 1.31 / 1.74 -> 1.40, 8/1/128 1.51 -> 1.46 / 1.60 -> 1.53 / 1.71 ->
+#: 1.61, MiniMax-M2 TP 8 (6/1/128 R64) 1.88 -> 1.58 / 1.93 -> 1.70 / 2.15 -> 1.80 (3.26 -> 1.99 at
+#: T = 256), Gemma-4-31B TP 8 (4/2/256) 1.64 -> 1.42 / 1.74 -> 1.52 / 1.97 -> 1.66; 64/4/128 and
+#: 32/4/128 level, Llama-3.1-70B TP 8 (8/1/128, no norm) 1.17 -> 1.20 / 1.22 -> 1.24 / 1.34 -> 1.31
+#: (A/B 3). One call a graph -0.9 to +0.2 us (64/4/128's prologue at T = 64 6.27 -> 6.43). Where one
+#: token's row is 2048 elements (Gemma-4-31B 32/16/256, Qwen3-Next's whole rows) 2 tokens lost
+#: 4-30% (A/B 0).
+SMALL_MIN_TOKENS = 2
 #: ... with heads of at most this many padded lanes: Gemma-4-E2B's full layer at TP 4 (2/1/512
-#: v-norm) lost with 2 tokens and v in k's tiles, 20 calls a graph at T = 1 / 8 1.72 -> 1.87 / 1.78 ->
-#: 1.91 us (one call 6.21 -> 6.59 / 6.40 -> 6.56), where Gemma-4-31B's sliding layer at TP 8 (4/2/256)
-#: gained (1.69 -> 1.44 / 1.74 -> 1.49 / 2.02 -> 1.58 at T = 64) (perf-notes v16 A/B 1).
-SMALL_KV_MAX_HEAD_LANES = 256
-#: ... and then v moves in k's tiles (``PlanBase.v_with_k``) where k's block holds at most half of q's
-#: heads, as in the large plan (``V_WITH_K_SMALL_K_BLOCKS``). Same A/B, 20 calls a graph, 2 tokens a
+#: v-norm) lost with 2 tokens and v in k's tiles, the write 20 calls a graph at T = 1 / 8 1.72 -> 1.87 /
+#: 1.78 -> 1.91 us (one call 6.21 -> 6.59 / 6.40 -> 6.56), where Gemma-4-31B's sliding layer at TP 8
+#: (4/2/256) gained (1.69 -> 1.44 / 1.74 -> 1.49 / 2.02 -> 1.58 at T = 64) (perf-notes v16 A/B 1).
+SMALL_MIN_TOKENS_MAX_LANES = 256
+#: ... and there the write moves v in k's tiles (``PlanBase.v_with_k``) where k's block holds at most
+#: half of q's heads, as in the large plan (``V_WITH_K_SMALL_K_BLOCKS``). Same A/B, 20 calls a graph, 2 tokens a
 #: tile without -> with: 8/1/128 at T = 64 / 256 1.76 -> 1.67 / 2.19 -> 2.02 us, 8/2/128 1.49 -> 1.40 /
 #: 1.96 -> 1.79, 16/1/128 at T = 64 1.80 -> 1.75, 64/4/128 2.04 -> 1.99, 32/4/128 level; one call a
 #: graph -0.16 to +0.35 us. Where k's block is as large as q's (32/8/128) it lost (1.79 -> 1.97 at
@@ -403,9 +408,10 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
     a tail that is no power of two as two pieces (``SMALL_TWO_PIECE_TAIL``), or, where the head
     dimension is a power of two, each head as one row (``SMALL_WHOLE_ROW_WARPS``). One program a
     tile, up to ``SMALL_PROGRAMS_PER_SM`` an SM. The head block loads the positions at the gather
-    (``POS_AT_GATHER``; mRoPE's only in halves, ``POS_AT_GATHER_MROPE_SMALL_HALVES``). The write's
-    tiles of one token row in halves of at most ``SMALL_KV_MAX_HEAD_LANES`` take ``SMALL_KV_MIN_TOKENS``
-    tokens, and then v in k's tiles where k's block is small (``SMALL_KV_V_WITH_K``). Dependent launch as :func:`plan`.
+    (``POS_AT_GATHER``; mRoPE's only in halves, ``POS_AT_GATHER_MROPE_SMALL_HALVES``). Tiles of one
+    token row in halves of at most ``SMALL_MIN_TOKENS_MAX_LANES`` take ``SMALL_MIN_TOKENS`` tokens,
+    and there the write moves v in k's tiles where k's block is small (``SMALL_KV_V_WITH_K``).
+    Dependent launch as :func:`plan`.
     """
     q_heads, k_heads = _block_heads(shape, MAX_BLOCK_HEADS)
     tokens = prev_pow2(max(1, SMALL_TILE_ELEMENTS // (q_heads * shape.padded_head_dim)))
@@ -413,16 +419,15 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
         tokens = max(tokens, SMALL_MROPE_MIN_TOKENS)
     whole = (bool(shape.pass_dim) and prev_pow2(shape.head_dim) == shape.head_dim
              and prev_pow2(shape.pass_dim) != shape.pass_dim)
-    kv_tokens = (shape.kv_cache and not whole and tokens < SMALL_KV_MIN_TOKENS
-                 and q_heads * shape.padded_head_dim <= SMALL_TILE_ELEMENTS
-                 and shape.padded_head_dim <= SMALL_KV_MAX_HEAD_LANES)
-    if kv_tokens:
-        tokens = SMALL_KV_MIN_TOKENS
+    more_tokens = (not whole and tokens < SMALL_MIN_TOKENS and q_heads * shape.padded_head_dim <= SMALL_TILE_ELEMENTS
+                   and shape.padded_head_dim <= SMALL_MIN_TOKENS_MAX_LANES)
+    if more_tokens:
+        tokens = SMALL_MIN_TOKENS
     return CudaPlan(block_tokens=tokens, block_heads=q_heads, kv_block_heads=k_heads,
                     max_programs=facts.num_sms * SMALL_PROGRAMS_PER_SM,
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole,
-                    v_in_k_tiles=kv_tokens and SMALL_KV_V_WITH_K and 2 * k_heads <= q_heads,
+                    v_in_k_tiles=more_tokens and shape.kv_cache and SMALL_KV_V_WITH_K and 2 * k_heads <= q_heads,
                     pos_at_gather=POS_AT_GATHER and (not shape.mrope or (POS_AT_GATHER_MROPE_SMALL_HALVES
                                                                          and not whole)),
                     pdl=_dependent_launch(facts))

@@ -728,25 +728,24 @@ def test_cuda_small_plan_whole_rows(name, tp, whole):
 
 @pytest.mark.parametrize("name, tp, tokens, v_with_k", [
     # One token's row of 8 heads of 128 lanes (or fewer, narrower heads; 4 of 256): 2 tokens a tile,
-    # and v in k's tiles where k's block holds at most half of q's heads.
+    # and the write's v in k's tiles where k's block holds at most half of q's heads.
     ("Qwen3-8B", 1, 2, False), ("Qwen3-235B-A22B", 1, 2, True), ("Qwen3-32B", 8, 2, True),
     ("MiniMax-M2", 8, 2, True), ("Phi-2", 1, 2, False), ("Gemma-4-31B:sliding", 8, 2, True),
-    # A row of 2048 elements, 512-lane heads, whole rows: one token, as the prologue's.
+    # A row of 2048 elements, 512-lane heads, whole rows: one token.
     ("Gemma-4-31B:sliding", 1, 1, False), ("Gemma-4-E2B:full", 4, 1, False), ("Qwen3-Next-80B-A3B", 1, 1, False),
-    # mRoPE's own 2 tokens, and narrower rows that already take 2: as the prologue's.
+    # mRoPE's own 2 tokens, and narrower rows that take 2 anyway.
     ("Qwen3-VL-8B", 1, 2, False), ("Qwen3-8B", 8, 2, False),
 ])
-def test_cuda_small_kv_plan_tokens(name, tp, tokens, v_with_k):
-    """The write's small-batch plan takes 2 tokens a tile where the prologue's takes one row of up to
-    8 heads of at most 256 lanes, and then v in k's tiles where k's block is small; nothing else of it
-    differs from the prologue's."""
+def test_cuda_small_plan_tokens(name, tp, tokens, v_with_k):
+    """The small-batch plans take 2 tokens a tile where one token's row of up to 8 heads of at most
+    256 lanes, in halves, fits the tile; there the write moves v in k's tiles where k's block is small,
+    and nothing else of its plan differs from the prologue's."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test", dependent_launch=True)
     shape = KernelShape.of(model(name).shard(tp), 2, 4)
     prologue = cuda.small_batch_plan(shape, facts)
     write = cuda.small_batch_plan(dataclasses.replace(shape, kv_cache=True), facts)
-    assert (write.block_tokens, write.v_with_k) == (tokens, v_with_k)
-    assert dataclasses.replace(write, block_tokens=prologue.block_tokens, v_in_k_tiles=False) == prologue
-    assert not prologue.v_with_k
+    assert (prologue.block_tokens, write.block_tokens, write.v_with_k) == (tokens, tokens, v_with_k)
+    assert dataclasses.replace(write, v_in_k_tiles=False) == prologue and not prologue.v_with_k
 
 
 @pytest.mark.parametrize("name, tp, small, large", [
