@@ -121,10 +121,10 @@ SMALL_MIN_TOKENS = 2
 #: (4/2/256) gained (1.69 -> 1.44 / 1.74 -> 1.49 / 2.02 -> 1.58 at T = 64) (perf-notes v16 A/B 1).
 SMALL_MIN_TOKENS_MAX_LANES = 256
 #: ... and there the write moves v in k's tiles (``PlanBase.v_with_k``) where k's block holds at most
-#: half of q's heads, as in the large plan (``V_WITH_K_SMALL_K_BLOCKS``). Same A/B, 20 calls a graph, 2 tokens a
-#: tile without -> with: 8/1/128 at T = 64 / 256 1.76 -> 1.67 / 2.19 -> 2.02 us, 8/2/128 1.49 -> 1.40 /
-#: 1.96 -> 1.79, 16/1/128 at T = 64 1.80 -> 1.75, 64/4/128 2.04 -> 1.99, 32/4/128 level; one call a
-#: graph -0.16 to +0.35 us. Where k's block is as large as q's (32/8/128) it lost (1.79 -> 1.97 at
+#: half of q's heads, as in the large plan (``V_WITH_K_SMALL_K_BLOCKS``). v16 A/B 0, 20 calls a graph,
+#: 2 tokens a tile without -> with: 8/1/128 at T = 64 / 256 1.76 -> 1.67 / 2.19 -> 2.02 us, 8/2/128
+#: 1.49 -> 1.40 / 1.96 -> 1.79, 16/1/128 at T = 64 1.80 -> 1.75, 64/4/128 2.04 -> 1.99, 32/4/128
+#: level; one call a graph -0.16 to +0.35 us. Where k's block is as large as q's (32/8/128) it lost (1.79 -> 1.97 at
 #: T = 64); with one token a tile it lost at T <= 8 (up to 0.61 us one call a graph; v8 probe 2, v16
 #: A/B 0).
 SMALL_KV_V_WITH_K = True
@@ -365,7 +365,7 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
     warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(widest // (32 * elements_per_thread))))
     per_sm, cap = (KV_PROGRAMS_PER_SM, KV_MAX_REGISTERS) if shape.kv_cache else (PROGRAMS_PER_SM, 0)
     q_blocks = -(-shape.num_q_heads // q_heads)
-    v_with_k = V_WITH_K_SMALL_K_BLOCKS and shape.kv_cache and 2 * k_heads <= q_heads
+    v_with_k = V_WITH_K_SMALL_K_BLOCKS and _small_k_blocks(shape, q_heads, k_heads)
     ahead = False
     if shape.mrope and shape.qk_norm and not chunked and q_blocks >= MROPE_MIN_Q_BLOCKS:
         warps, per_sm, cap = max(warps, MROPE_WARPS), MROPE_PROGRAMS_PER_SM, MROPE_MAX_REGISTERS
@@ -390,6 +390,12 @@ def plan(shape: KernelShape, facts: CudaFacts, *, tile_elements: int = TILE_ELEM
 def _dependent_launch(facts: CudaFacts) -> bool:
     """Whether this GPU's plans launch with programmatic dependent launch (``DEPENDENT_LAUNCH``)."""
     return DEPENDENT_LAUNCH and facts.dependent_launch
+
+
+def _small_k_blocks(shape: KernelShape, q_heads: int, k_heads: int) -> bool:
+    """A cache write whose k block holds at most half of q's heads: where v moves in k's tiles
+    (``V_WITH_K_SMALL_K_BLOCKS``, ``SMALL_KV_V_WITH_K``)."""
+    return shape.kv_cache and 2 * k_heads <= q_heads
 
 
 def _block_heads(shape: KernelShape, max_block_heads: int) -> tuple[int, int]:
@@ -427,7 +433,7 @@ def small_batch_plan(shape: KernelShape, facts: CudaFacts) -> CudaPlan:
                     max_programs=facts.num_sms * SMALL_PROGRAMS_PER_SM,
                     num_warps=SMALL_WHOLE_ROW_WARPS if whole else SMALL_WARPS,
                     two_piece_tail=SMALL_TWO_PIECE_TAIL and not whole, whole_rows=whole,
-                    v_in_k_tiles=more_tokens and shape.kv_cache and SMALL_KV_V_WITH_K and 2 * k_heads <= q_heads,
+                    v_in_k_tiles=more_tokens and SMALL_KV_V_WITH_K and _small_k_blocks(shape, q_heads, k_heads),
                     pos_at_gather=POS_AT_GATHER and (not shape.mrope or (POS_AT_GATHER_MROPE_SMALL_HALVES
                                                                          and not whole)),
                     pdl=_dependent_launch(facts))
