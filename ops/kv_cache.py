@@ -27,7 +27,7 @@ a string. Every layout reads its strides from the tensor, so views of a wider te
     2*D]`` contiguous, passed as both ``key_cache`` and ``value_cache``. Each (block, head) page
     holds k transposed (``D`` rows of ``block_size``: ``page + d*block_size + o``), then v row by
     row (``page + block_size*D + o*D + d``). Read back from ``cpu_attn_reshape_and_cache`` for
-    fp32, bf16 and fp16 (``tests/vllm``). Its ``amx`` layout is not served.
+    fp32, bf16 and fp16 (``tests/integration``). Its ``amx`` layout is not served.
 
 Cache dtypes: bf16, fp16 or fp32 (a cast); int8 (Ascend's "C8": ``k_scale``/``v_scale`` one
 fp32 value, or one per channel ``[Hkv*D]``); fp8 e4m3fn (vLLM's ``fp8``: one fp32 scale each).

@@ -40,10 +40,10 @@ for suite in $SUITES; do
       # (plus test_kv_fusion.py's vLLM-only layout decision, the cpu_vec layout against vLLM's own
       # cpu_attn_reshape_and_cache, and vLLM's MiniMaxM2Attention compiled with the pass in a real
       # vLLM TP group of 1 and 2 gloo ranks)
-      "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm/test_worker_hook.py tests/vllm/test_vllm_e2e.py \
-        tests/vllm/test_vllm_modules.py tests/vllm/test_cpu_vec_layout.py \
-        tests/vllm/test_kv_fusion.py::test_layout_per_layer_on_vllm_cpu \
-        tests/vllm/test_tp_fusion.py::test_real_vllm_minimax_attention "$@" ;;
+      "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/integration/test_worker_hook.py tests/integration/test_vllm_e2e.py \
+        tests/integration/test_vllm_modules.py tests/integration/test_cpu_vec_layout.py \
+        tests/integration/test_kv_fusion.py::test_layout_per_layer_on_vllm_cpu \
+        tests/integration/test_tp_fusion.py::test_real_vllm_minimax_attention "$@" ;;
     *) echo "unknown suite $suite" >&2; exit 2 ;;
   esac
 done

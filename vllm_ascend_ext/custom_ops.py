@@ -177,7 +177,7 @@ DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
                      num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
                      k_bias=None, weight_offset=0.0, **features):
-    # Looked up on the module per call: instrumentation (tests/vllm/run_tiny.py) may wrap it.
+    # Looked up on the module per call: instrumentation (tests/integration/run_tiny.py) may wrap it.
     outputs = impl.split_qkv_rmsnorm_rope(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,

@@ -72,7 +72,7 @@ rope form          graph spelling
 
 vllm-ascend's ops are looked up through one seam, :func:`ascend_ops` (an :class:`AscendOps`
 resolved lazily from ``torch.ops``; tests pass stand-ins of the same schemas, see
-``tests/vllm/ascend_standins.py``). Forms whose ops are not loaded in this process are skipped,
+``tests/integration/ascend_standins.py``). Forms whose ops are not loaded in this process are skipped,
 so importing and running the pass needs only torch. Where vllm-ascend's own model patch has
 already put its fused op into the graph (``torch.ops.vllm.triton_split_qkv_rmsnorm_mrope``:
 Qwen3-VL's and Qwen3.5's attention on vllm-ascend; ``qkv_rmsnorm_rope``), the pass leaves it
@@ -401,7 +401,7 @@ def npu_forms(ops: AscendOps | None = None) -> tuple[list[NormForm], list[RopeFo
     Parameters
     ----------
     ops : AscendOps, optional
-        Default :func:`ascend_ops`. Tests pass the stand-ins of ``tests/vllm/ascend_standins.py``.
+        Default :func:`ascend_ops`. Tests pass the stand-ins of ``tests/integration/ascend_standins.py``.
 
     Returns
     -------

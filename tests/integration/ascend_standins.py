@@ -25,7 +25,7 @@ documented semantics (RMSNorm returning ``(y, rstd)``; RoPE NeoX/GPT-J over the 
 ``rotary_dim`` dims; ``npu_mrope``'s contiguous sections; the fused op's split, norm and mRoPE).
 They exist only so that tests can build graphs in vllm-ascend's form and check that the fusion
 pass (:class:`vllm_ascend_ext.fusion.AscendOps`) rewrites them, or leaves the fused op alone.
-Test-only, so it lives under ``tests/vllm/`` and is not part of the installed package.
+Test-only, so it lives under ``tests/integration/`` and is not part of the installed package.
 """
 
 from __future__ import annotations

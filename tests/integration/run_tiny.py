@@ -1,6 +1,6 @@
 """Run a tiny randomly initialised model through a real vLLM and write what it generated.
 
-Usage: ``python -m tests.vllm.run_tiny MODEL OUT.json`` with MODEL one of :data:`MODELS`
+Usage: ``python -m tests.integration.run_tiny MODEL OUT.json`` with MODEL one of :data:`MODELS`
 (env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size;
 ``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
 N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run

