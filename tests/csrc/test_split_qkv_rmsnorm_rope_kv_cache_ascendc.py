@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 
+from ascendc_cases import Case, assert_close, make_inputs
 from host_sim import byte_mask, poison_new_outputs
-from test_split_qkv_rmsnorm_rope_ascendc import Case, assert_close, make_inputs
 from vllm_ascend_ext import ascendc, custom_ops, impl
 from vllm_ascend_ext.ops import reference, validation
 from vllm_ascend_ext.ops.tiling import KernelShape

@@ -319,7 +319,7 @@ REAL_FAMILIES = ("qwen3-vl", "qwen2.5-vl", "qwen3-next", "qwen3.5", "gemma-4", "
 REAL_HIDDEN = 128
 
 
-class _StubAttention(torch.nn.Module):
+class StubAttention(torch.nn.Module):
     """Stands for vLLM's ``Attention`` (which needs a model config and a KV cache): the heads as
     vLLM's has them, and a cheap function of q, k and v so that all three stay alive."""
 
@@ -345,7 +345,7 @@ def _real_module(name: str):
         module = importlib.import_module(f"vllm.model_executor.models.{module_name}")
         for attr in ("Attention", "EncoderOnlyAttention"):
             if hasattr(module, attr):
-                setattr(module, attr, _StubAttention)
+                setattr(module, attr, StubAttention)
     rope = dict(rope_type="default", rope_theta=1e6)
     if name == "qwen3-vl":  # Qwen3-VL's text layers: Qwen3Attention, interleaved mRoPE
         from vllm.model_executor.models.qwen3 import Qwen3Attention

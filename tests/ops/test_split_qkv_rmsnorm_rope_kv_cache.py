@@ -1,10 +1,11 @@
 """Tests of ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`` against the float64 reference.
 
 The outputs (q, the gate, and k and v with ``return_kv``) are checked as
-``test_split_qkv_rmsnorm_rope.py`` checks the prologue op's, with its helpers, tolerances, plans
-and poisoned outputs (imported from there); the caches against ``reference.kv_cache_write``, the
-float64 scatter of the reference's k and v. The tests run under forced launch plans (the
-prologue tests' ``PLANS``), so token tiles, head blocks and the grid-stride loop are crossed.
+``test_split_qkv_rmsnorm_rope.py`` checks the prologue op's, with the same tolerances, plans and
+poisoned outputs (``op_checks.py``, ``conftest.py``); the caches against
+``reference.kv_cache_write``, the float64 scatter of the reference's k and v. The tests run under
+forced launch plans (``op_checks.PLANS``), so token tiles, head blocks and the grid-stride loop
+are crossed.
 
 The caches are views of one tensor filled with random bits: ``[2, ...]``, vLLM's other spelling
 ``[num_blocks, 2, ...]``, ``[2, ...]`` with rows padded past the layout's last dim, or (``cpu_vec``)
@@ -30,16 +31,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import test_split_qkv_rmsnorm_rope as prologue_tests
-from test_split_qkv_rmsnorm_rope import PLANS, TOLERANCES, check_sentinels, plan_of, whole_rows
 from vllm_ascend_ext.ops import reference, tiling, validation
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope as prologue_op
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
 from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache
 
-#: The prologue tests' fixture: out-of-place outputs full of NaN inside a frame of sentinels.
-poisoned = prologue_tests.poisoned
+from op_checks import BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, plan_of, whole_rows
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 INT8, FP8 = torch.int8, torch.float8_e4m3fn
@@ -791,8 +789,8 @@ LARGE_KV = [
 #: On a GPU: past a large tile count and ~16k tokens, under every backend's plan. In the
 #: interpreter the same cases run reduced (3 tokens, the op's own plan), so the test itself runs
 #: wherever the suite does.
-LARGE_KV_TOKENS = (4097, 16384 + 3) if prologue_tests.COMPILED else (3,)
-LARGE_KV_PLANS = prologue_tests.BACKENDS if prologue_tests.COMPILED else (None,)
+LARGE_KV_TOKENS = (4097, 16384 + 3) if COMPILED else (3,)
+LARGE_KV_PLANS = BACKENDS if COMPILED else (None,)
 
 
 @pytest.mark.parametrize("plan", LARGE_KV_PLANS)
@@ -838,7 +836,7 @@ def test_quantised_cache_is_the_fp32_value_divided_and_rounded(device, cache):
             f"{got[differ][:4].float().tolist()} for y / scale = {ratio[differ][:4].tolist()}"
 
 
-@pytest.mark.skipif(not prologue_tests.COMPILED, reason="needs a GPU without the interpreter")
+@pytest.mark.skipif(not COMPILED, reason="needs a GPU without the interpreter")
 def test_cuda_graph_capture(device):
     """Captured in a CUDA graph, the op writes on replay what it writes eagerly."""
     geometry = AttentionGeometry(8, 2, 128, 64, q_gate=True)
