@@ -22,3 +22,18 @@ if DEVICE == "cpu":
 def device() -> torch.device:
     """The device the kernels under test run on."""
     return torch.device(DEVICE)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="run the full tier too: the cases marked `full` (exhaustive grids; tests/README.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without ``--full``, deselect the cases marked ``full`` (the default tier)."""
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full")])
+        items[:] = kept

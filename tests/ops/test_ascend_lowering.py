@@ -1,5 +1,6 @@
-"""The lowering check's pure parts and the UB model of the KV-cache write (no triton-ascend here:
-``python -m vllm_ascend_ext.ops.ascend_lowering`` runs the lowering itself, under .venv/ascend)."""
+"""The lowering check's pure parts and the UB model of the KV-cache write and of the norm across
+heads (no triton-ascend here: ``python -m vllm_ascend_ext.ops.ascend_lowering`` runs the lowering
+itself, under .venv/ascend)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,33 @@ def test_kv_plans_fit_the_budget_and_tile_no_more_than_the_prologue():
         plain, kv = ascend.plan(_shape(name, False), facts), ascend.plan(_shape(name, True), facts)
         assert kv.ub_bytes <= ascend.ub_budget(facts)
         assert kv.block_tokens * kv.block_heads <= plain.block_tokens * plain.block_heads
+
+
+# ---------------------------------------------------------------------------------------------
+# split_qkv_tp_rmsnorm_rope (MiniMax-M2's norm across heads): its UB model and its rows of the check
+
+
+def test_ub_model_across_heads_has_weight_tiles_and_sums():
+    shape = KernelShape.of(model("MiniMax-M2").shard(1), 2, 4)
+    per_head = replace(shape, norm_across_heads=False)
+    bt, bh = 4, 8
+    across, before = ascend.ub_buffers(shape, bt, bh), ascend.ub_buffers(per_head, bt, bh)
+    named = {b.name: b for b in across}
+    assert named["weights [block_heads, D] (q + k arms)"].nbytes == 2 * bh * shape.padded_head_dim * 4
+    assert named["sums of squares (q + k arms)"].nbytes == 2 * bt * 4
+    assert named["sums of squares (q + k arms) (2nd buffer)"].source == "multibuffer"
+    assert "weights + biases" in {b.name for b in before} and "weights + biases" not in named
+    facts = ascend_facts(None)
+    for tp in (1, 2, 4, 8, 16):
+        g = model("MiniMax-M2").shard(tp)
+        s = KernelShape.of(g, 2, 4)
+        assert s.norm_across_heads
+        assert ascend.plan(s, facts).ub_bytes <= ascend.ub_budget(facts)
+        assert ascend.sums_plan(s, facts).ub_bytes <= ascend.ub_budget(facts)
+
+
+def test_lowering_check_covers_both_kernels_of_the_minimax_rows():
+    labels = {label for label, _, _ in al.plan_jobs()}
+    for name in ("MiniMax-M2", "MiniMax-M2.5"):
+        for tp in (1, 2, 4, 8, 16):
+            assert {f"{name} tp{tp}", f"{name} tp{tp} [sums]"} <= labels

@@ -20,6 +20,9 @@ from vllm_ascend_ext import custom_ops
 from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
+#: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
+pytestmark = pytest.mark.kernel
+
 GEOMETRY = AttentionGeometry(num_q_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16)
 #: Issue 10's variants that write in place: v-norm (v's columns too), with mRoPE positions.
 VARIANT = AttentionGeometry(num_q_heads=4, num_kv_heads=2, head_dim=32, rotary_dim=16, v_norm=True,

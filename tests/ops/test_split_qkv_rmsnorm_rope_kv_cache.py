@@ -37,7 +37,12 @@ from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
 from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache
 
+from tiers import rotated
+
 from op_checks import BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, plan_of, whole_rows
+
+#: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
+pytestmark = pytest.mark.kernel
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 INT8, FP8 = torch.int8, torch.float8_e4m3fn
@@ -445,12 +450,12 @@ def test_zero_tokens(device, poisoned, return_kv):
 # --------------------------------------------------------------------------------------------
 # Launch plans and token-tile boundaries.
 
-@pytest.mark.parametrize("cache", [("nhd", "bf16"), ("nz", "int8-per-channel"), ("hnd", "fp8"),
-                                   ("cpu_vec", "fp16")], ids="-".join)
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan,cache", rotated(PLANS, [("nhd", "bf16"), ("nz", "int8-per-channel"),
+                                                      ("hnd", "fp8"), ("cpu_vec", "fp16")]))
 def test_plans_and_token_tiles(device, poisoned, plan, cache):
     """Every plan the interpreter runs: 1 token, a full token tile, one past it (the small plans
-    also loop grid-stride); 4/3 heads so head blocks are cut unevenly, a 48-lane tail."""
+    also loop grid-stride); 4/3 heads so head blocks are cut unevenly, a 48-lane tail. Every plan
+    with every cache in the full tier; each plan one cache (every cache) in the default tier."""
     layout, name = cache
     dtype, cache_dtype, per_channel = CACHE_DTYPES[name]
     geometry = AttentionGeometry(4, 3, 64, 16)
@@ -501,19 +506,22 @@ FEATURE_CASES = [
 #: The plans the variants run under: Ascend's, and the small-tiles plan that cuts every arm
 #: (q, k, gate, v) into blocks and the tail into chunks.
 FEATURE_PLANS = ("ascend", "small-tiles")
+#: Without and with k and v out (their ids in the feature tests).
+RETURN_KV = ("cache-only", "return-kv")
 
 
-@pytest.mark.parametrize("return_kv", [False, True], ids=["cache-only", "return-kv"])
-@pytest.mark.parametrize("plan", FEATURE_PLANS)
-@pytest.mark.parametrize("geometry,inputs,cache", FEATURE_CASES)
+@pytest.mark.parametrize("geometry,inputs,cache,plan,return_kv",
+                         rotated(FEATURE_CASES, [pytest.param(plan, kv, id=f"{plan}-{kv}")
+                                                 for plan in FEATURE_PLANS for kv in RETURN_KV]))
 def test_features(device, poisoned, geometry, inputs, cache, plan, return_kv):
     """Each variant: the normalised v goes into the cache, the gate is returned, mRoPE's positions
-    rotate k; with ``return_kv`` the outputs equal the prologue op's."""
+    rotate k; with ``return_kv`` the outputs equal the prologue op's. Every variant under both plans,
+    with and without ``return_kv``, in the full tier; each one of those in the default tier."""
     layout, name = cache
     _, cache_dtype, per_channel = CACHE_DTYPES[name]
     args = make_inputs(geometry, 5, device=device, **inputs)
     run_and_check(args, make_caches(args, layout=layout, dtype=cache_dtype, per_channel=per_channel),
-                  plan, return_kv=return_kv)
+                  plan, return_kv=return_kv == "return-kv")
 
 
 @pytest.mark.parametrize("return_kv", [False, True], ids=["cache-only", "return-kv"])

@@ -23,11 +23,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops import reference, tiling, validation
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.tiling import SumsPlan
 from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
+
+#: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
+pytestmark = pytest.mark.kernel
 
 #: The kernel against float64, by output dtype (one ulp of the output, and an absolute floor).
 TOLERANCES = {
@@ -285,37 +287,3 @@ def test_gloo_ranks_match_the_full_reference(device, world):
     ]
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank_main, args=(world, f"{tmp}/rendezvous", cases, device.type), nprocs=world, join=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plans and the Ascend UB model (pure: no kernel runs)
-
-
-def test_ub_model_across_heads_has_weight_tiles_and_sums():
-    from vllm_ascend_ext.ops.tiling import KernelShape, ascend
-
-    shape = KernelShape.of(model("MiniMax-M2").shard(1), 2, 4)
-    per_head = replace(shape, norm_across_heads=False)
-    bt, bh = 4, 8
-    across, before = ascend.ub_buffers(shape, bt, bh), ascend.ub_buffers(per_head, bt, bh)
-    named = {b.name: b for b in across}
-    assert named["weights [block_heads, D] (q + k arms)"].nbytes == 2 * bh * shape.padded_head_dim * 4
-    assert named["sums of squares (q + k arms)"].nbytes == 2 * bt * 4
-    assert named["sums of squares (q + k arms) (2nd buffer)"].source == "multibuffer"
-    assert "weights + biases" in {b.name for b in before} and "weights + biases" not in named
-    facts = device_facts.ascend_facts(None)
-    for tp in (1, 2, 4, 8, 16):
-        g = model("MiniMax-M2").shard(tp)
-        s = KernelShape.of(g, 2, 4)
-        assert s.norm_across_heads
-        assert ascend.plan(s, facts).ub_bytes <= ascend.ub_budget(facts)
-        assert ascend.sums_plan(s, facts).ub_bytes <= ascend.ub_budget(facts)
-
-
-def test_lowering_check_covers_both_kernels_of_the_minimax_rows():
-    from vllm_ascend_ext.ops import ascend_lowering as al
-
-    labels = {label for label, _, _ in al.plan_jobs()}
-    for name in ("MiniMax-M2", "MiniMax-M2.5"):
-        for tp in (1, 2, 4, 8, 16):
-            assert {f"{name} tp{tp}", f"{name} tp{tp} [sums]"} <= labels
