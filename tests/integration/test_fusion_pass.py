@@ -35,6 +35,8 @@ from vllm_ascend_ext.fusion import LOG_FORMAT, QKNormRoPEFusionPass
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 import ascend_standins
+import tiers
+from tiers import rotated
 from prologues import AscendPatchedPrologue, AscendPrologue, Layers, Prologue, TwoLayers, make_positions
 
 #: Fused vs unfused, by dtype. fp32: both paths compute in fp32 (different op order). bf16:
@@ -45,6 +47,9 @@ TOLERANCES = {
     torch.bfloat16: dict(rtol=2.0**-6, atol=2.0**-3),
 }
 TOKENS = 13
+#: The dtypes the pass registers its patterns for; grids of cases x dtypes are rotated in the
+#: default tier (each case one dtype) and run whole in the full tier (``tiers.py``).
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 ROOT = Path(__file__).resolve().parents[2]
 
 QWEN = AttentionGeometry(4, 2, 32, 32, eps=1e-6)
@@ -85,10 +90,10 @@ def _check_close(got, want, dtype):
         torch.testing.assert_close(g.float(), w.float(), **TOLERANCES[dtype])
 
 
-@pytest.mark.parametrize(
-    "geo", [QWEN, LLAMA, PARTIAL, GLM4, GPTJ_NORM],
-    ids=["qwen3", "llama-nonorm", "partial-rotary", "glm4-gptj-partial-nonorm", "gptj-qknorm"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("geo,dtype", rotated(
+    [pytest.param(QWEN, id="qwen3"), pytest.param(LLAMA, id="llama-nonorm"),
+     pytest.param(PARTIAL, id="partial-rotary"), pytest.param(GLM4, id="glm4-gptj-partial-nonorm"),
+     pytest.param(GPTJ_NORM, id="gptj-qknorm")], DTYPES))
 def test_fuses_and_keeps_numerics(geo, dtype, caplog):
     torch.manual_seed(0)
     module = Prologue(geo, dtype)
@@ -120,8 +125,7 @@ def _fused_calls(module, geo, dtype, *args):
     return pass_.last_counts, seen["calls"], got
 
 
-@pytest.mark.parametrize("view_style", ["gemma3", "qwen3_next", "qwen3"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("view_style,dtype", rotated(["gemma3", "qwen3_next", "qwen3"], DTYPES))
 def test_gemma_norm_fuses_with_weight_offset(view_style, dtype):
     torch.manual_seed(0)
     module = Prologue(GEMMA, dtype, view_style=view_style)
@@ -337,8 +341,7 @@ def _options(call) -> dict:
                                                      "mrope_section", "mrope_interleaved")}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family,dtype", rotated(list(FAMILIES), DTYPES))
 def test_new_family_fuses_and_keeps_numerics(family, dtype, caplog):
     torch.manual_seed(0)
     geo = FAMILIES[family]
@@ -360,7 +363,10 @@ def test_new_family_fuses_and_keeps_numerics(family, dtype, caplog):
     _check_close(got, want, dtype)  # q, k, v (normalised for Gemma-4) and q * sigmoid(gate)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+# bf16 in the default tier: the rotation above runs Gemma-4's layer in fp32, and the next test
+# runs this model in fp32.
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32", marks=tiers.full),
+                                   pytest.param(torch.bfloat16, id="bf16")])
 def test_gemma4_model_two_head_sizes_and_q_only_layers(dtype):
     torch.manual_seed(0)
     module = Layers(GEMMA4_MODEL, dtype)
@@ -561,8 +567,7 @@ ASCEND_FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", list(ASCEND_FAMILIES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family,dtype", rotated(list(ASCEND_FAMILIES), DTYPES))
 def test_ascend_families_with_standins(family, dtype):
     torch.manual_seed(0)
     geo, options, offset = ASCEND_FAMILIES[family]

@@ -30,6 +30,7 @@ from vllm_ascend_ext.kv_fusion import KVCacheFusion
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 from prologues import Prologue, make_positions
+from tiers import rotated
 
 QWEN = AttentionGeometry(4, 2, 32, 32, eps=1e-6)
 LLAMA = AttentionGeometry(4, 2, 32, 32, qk_norm=False)
@@ -185,8 +186,9 @@ def _run(geo, k_out, layout=("cpu_vec", ""), enabled=True, slots="random"):
     return pass_, seen, (got, got_cache), (want, want_cache)
 
 
-@pytest.mark.parametrize("geo", [QWEN, LLAMA, GEMMA4], ids=["qwen3", "llama-nonorm", "gemma4-vnorm"])
-@pytest.mark.parametrize("k_out", [False, True], ids=["k-unused", "k-read"])
+@pytest.mark.parametrize("geo,k_out", rotated(
+    [pytest.param(QWEN, id="qwen3"), pytest.param(LLAMA, id="llama-nonorm"), pytest.param(GEMMA4, id="gemma4-vnorm")],
+    [pytest.param(False, id="k-unused"), pytest.param(True, id="k-read")]))
 def test_cache_write_fused_and_equal(geo, k_out, caplog):
     with caplog.at_level(logging.INFO, logger="vllm_ascend_ext"):
         pass_, seen, (got, got_cache), (want, want_cache) = _run(geo, k_out)
