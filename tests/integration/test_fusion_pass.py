@@ -464,6 +464,8 @@ print("RESULTS " + json.dumps(real_vllm_check(REAL_FAMILIES, getattr(torch, sys.
 """
 
 
+@pytest.mark.vllm
+@tiers.full
 @pytest.mark.parametrize("dtype, torch_wrap", [("float32", False), ("bfloat16", False), ("float32", True)],
                          ids=["fp32-native", "bf16-native", "fp32-vllm-ir"])
 def test_real_vllm_attention_modules_fuse(dtype, torch_wrap):

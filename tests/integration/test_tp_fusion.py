@@ -476,6 +476,7 @@ def _real_rank_main(rank: int, world: int, port: int) -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * scale)
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("world", [1, 2])
 def test_real_vllm_minimax_attention(world):
     import socket

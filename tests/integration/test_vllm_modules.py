@@ -43,6 +43,8 @@ from vllm_ascend_ext.geometry import module_geometry
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 
+pytestmark = pytest.mark.vllm
+
 RTOL = ATOL = 2e-5
 TOKENS = 11
 HIDDEN = 64  # the projections are replaced; their weights need only exist

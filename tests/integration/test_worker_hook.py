@@ -29,6 +29,10 @@ from vllm_ascend_ext.geometry import model_geometries, module_geometry
 from vllm_ascend_ext.ops import settings
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
+#: The vllm suite runs the whole module (the tests that need vLLM skip without it; the others run
+#: in both environments).
+pytestmark = pytest.mark.vllm
+
 ROOT = Path(__file__).resolve().parents[2]
 
 RANK_SCRIPT = r"""
