@@ -204,7 +204,14 @@ def _check_fp32_equal(on, off):
                 assert abs(x - y) <= FP32_ATOL + FP32_RTOL * abs(y), (key, x, y)
 
 
-@pytest.mark.parametrize("model", ["qwen3", "llama", "two_geometries", "qwen3_vl", "qwen3_5_full", "gemma4"])
+def _model(name: str, *marks):
+    """``name`` as a parameter: the tests of one model share its runs (``runs`` caches them per
+    process), so under pytest-xdist they go to one process (``--dist loadgroup``)."""
+    return pytest.param(name, id=name, marks=[pytest.mark.xdist_group(f"e2e-{name}"), *marks])
+
+
+@pytest.mark.parametrize("model", [_model(m) for m in
+                                   ("qwen3", "llama", "two_geometries", "qwen3_vl", "qwen3_5_full", "gemma4")])
 def test_fp32_plugin_on(runs, model):
     on, on_log = runs(model, "float32", True)
     _check_on(on, on_log, model)
@@ -216,8 +223,8 @@ def test_fp32_plugin_on(runs, model):
 #: vLLM (qwen3) and bf16 on the hybrid Qwen3.5 (gate, partial rotary, mRoPE). The variants'
 #: numerics are also checked against vLLM's own modules (``test_vllm_modules.py``) and the
 #: unfused graphs (``test_fusion_pass.py``); the full tier compares every model here too.
-@pytest.mark.parametrize("model", ["qwen3", "two_geometries", *(pytest.param(m, marks=tiers.full) for m in
-                                                                 ("llama", "qwen3_vl", "qwen3_5_full", "gemma4"))])
+@pytest.mark.parametrize("model", [_model("qwen3"), _model("two_geometries"),
+                                   *(_model(m, tiers.full) for m in ("llama", "qwen3_vl", "qwen3_5_full", "gemma4"))])
 def test_fp32_plugin_on_matches_off(runs, model):
     on, _ = runs(model, "float32", True)
     off, off_log = runs(model, "float32", False)
@@ -225,7 +232,7 @@ def test_fp32_plugin_on_matches_off(runs, model):
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", ["qwen3", pytest.param("llama", marks=tiers.full)])
+@pytest.mark.parametrize("model", [_model("qwen3"), _model("llama", tiers.full)])
 def test_fp32_kv_cache_fusion_off_matches_off(runs, model):
     """``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0``: the prologue is fused, vLLM writes the cache."""
     on, on_log = runs(model, "float32", True, kv_cache=False)
@@ -235,6 +242,7 @@ def test_fp32_kv_cache_fusion_off_matches_off(runs, model):
     _check_fp32_equal(on, off)
 
 
+@pytest.mark.xdist_group("e2e-two_geometries")
 def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
     # Layer 1 of two_geometries has 2 q heads (2/2/32): its warm-up compile is made to fail.
     # On CPU the AscendC kernel cannot serve it, so it stays unfused; layer 0 (4/2/32) is fused.
@@ -251,7 +259,7 @@ def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", [pytest.param("qwen3", marks=tiers.full), "qwen3_5"])
+@pytest.mark.parametrize("model", [_model("qwen3", tiers.full), _model("qwen3_5")])
 def test_bf16_plugin_on_close_to_off(runs, model):
     on, on_log = runs(model, "bfloat16", True)
     off, off_log = runs(model, "bfloat16", False)
