@@ -81,10 +81,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import launch_cache, validation
 from .tiling import KernelShape, next_pow2, plan_for
+from .triton_launcher import BoundKernel, interpreted
 
-__all__ = ["launch", "split_qkv_rmsnorm_rope"]
+__all__ = ["Prepared", "launch", "prepared", "split_qkv_rmsnorm_rope"]
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -842,81 +843,201 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         implementation); on CPU tensors without Triton's interpreter; on tensors that require
         grad while grad mode is on (the op has no backward).
     """
-    call = validation.split_qkv_rmsnorm_rope(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
-        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+    return launch(_CACHE, locals(), validation.split_qkv_rmsnorm_rope)
 
 
-def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None,
-           key_cache=None, value_cache=None, slot_mapping=None, k_scale=None, v_scale=None, norm_sums=None):
-    """Run a call :func:`.validation.split_qkv_rmsnorm_rope` (or ``..._kv_cache``, with the cache
-    arguments) has passed (the selector in ``vllm_ascend_ext.impl`` validates once, then launches
-    through here); returns ``(q, k, v)``, and the gate after them with ``q_gate``. With a cache
-    write and no ``return_kv``, k and v are ``[T, 0]``. A call of
-    :func:`.validation.split_qkv_tp_rmsnorm_rope` (``call.shape.norm_across_heads``) passes
-    ``norm_sums``, the ``[T, 2]`` fp32 sums of squares of q and k summed over the TP group.
+def qkv_key(qkv):
+    """qkv's part of a call's key: all but its token count, which is bucketed (0, 1, more: the
+    validator's row-stride rule looks at more than one row)."""
+    tokens = qkv.shape[0]
+    return (qkv.dtype, qkv.device, qkv.shape[1:], qkv.stride(), not qkv.data_ptr() & 15,
+            tokens if tokens < 2 else 2)
 
-    Raises
-    ------
-    ValueError
-        On CPU tensors without Triton's interpreter.
+
+def positions_key(positions):
+    """positions' part of a call's key: ``[T]`` or ``[3, T]``, its lane stride (the axis stride
+    of ``[3, T]`` is a run-time argument)."""
+    return (positions.dtype, positions.device, positions.shape[:-1], positions.stride(-1),
+            not positions.data_ptr() & 15)
+
+
+def slots_key(slot_mapping):
+    """slot_mapping's part of a call's key: its length (at least the token count, checked per
+    call) bucketed as qkv's."""
+    slots = slot_mapping.shape[0] if slot_mapping.dim() else 0
+    return (slot_mapping.dtype, slot_mapping.device, slot_mapping.dim(), slot_mapping.stride(),
+            not slot_mapping.data_ptr() & 15, slots if slots < 2 else 2)
+
+
+#: The arguments whose sizes include the token count, and their part of the key.
+TOKEN_KEYS = {"qkv": qkv_key, "positions": positions_key, "slot_mapping": slots_key}
+
+_CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope")
+
+
+def prepared(cache: launch_cache.LaunchCache, args: dict, validate, make=None, extra=None):
+    """The prepared call for ``args`` (the public op's arguments by name) from ``cache``.
+
+    On a miss, ``make(validate(**args), args)`` makes one (``validate``: the op's validator,
+    raising ``ValueError`` on a bad argument; ``make``: the entry's maker, default
+    :class:`Prepared`). A hit re-checks what the key leaves open (the token counts of positions
+    and slot mapping) and on a mismatch validates fully, which raises. ``extra``: more of the
+    key (the implementation requested, for the selector's cache).
     """
-    validation.check_runnable(qkv.device)
-    shape, num_tokens, kv = call.shape, call.num_tokens, call.kv_cache
-    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    k_col = shape.num_q_heads * shape.q_head_stride
-    v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
-    if call.inplace:
-        q, k = qkv[:, :q_cols], qkv[:, k_col:k_col + kv_cols]
-    else:
-        q = _new_output(qkv, num_tokens, q_cols)
-        k = _new_output(qkv, num_tokens, kv_cols)
-        if call.v_norm:
-            v = _new_output(qkv, num_tokens, kv_cols)
-    if kv is not None and not kv.return_kv:
-        k = v = qkv.new_empty((num_tokens, 0))
-    gate = _new_output(qkv, num_tokens, q_cols) if call.q_gate else None
-    outputs = (q, k, v) + ((gate,) if call.q_gate else ())
-    if num_tokens == 0:
+    try:
+        key = launch_cache.call_key(args, TOKEN_KEYS)
+    except (AttributeError, TypeError, RuntimeError):  # no tensor where one belongs, say
+        key = None
+    if key is not None and extra is not None:
+        key = (key, extra)
+    entry = cache.get(key)
+    if entry is not None and entry.tokens_agree(args):
+        return entry
+    return cache.put(key, (make or Prepared)(validate(**args), args))
+
+
+def launch(cache: launch_cache.LaunchCache, args: dict, validate, make=None, extra=None):
+    """Run the call: :func:`prepared`, then its ``run(args)``. The public ops pass ``locals()``
+    as ``args`` (their arguments by name, spelled nowhere else) and bind no other name before."""
+    return prepared(cache, args, validate, make, extra).run(args)
+
+
+#: What Triton raises on CPU tensors when ``TRITON_INTERPRET`` was set after it was imported
+#: (Triton 3.2-3.6: no driver; 3.7: helpers defined for a device called from the interpreter).
+_LATE_INTERPRETER = ("0 active drivers", "outside of the scope of a kernel")
+
+#: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index.
+(QKV, Q, K, GATE, V, Q_W, K_W, Q_B, K_B, CACHE, POS, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
+ SUMS) = range(17)
+
+
+class Prepared:
+    """A validated call of the prologue kernel, for every token count: the call object.
+
+    Made once per launch-cache key (:func:`prepared`): the validated :class:`~.validation.Call`,
+    the plan and bound kernel per token count (:func:`~.tiling.plan_for`, one compiled kernel per
+    plan), the output layout. :meth:`run` allocates the outputs and launches; nothing in it
+    validates again or touches the device's state.
+
+    Parameters
+    ----------
+    call : vllm_ascend_ext.ops.validation.Call
+        What the validator returned (its ``num_tokens`` is the first call's; :meth:`run` reads
+        each call's from qkv).
+    args : dict
+        The call's arguments by name; qkv's device is the call's (a ``meta`` call allocates its
+        outputs and launches nothing).
+    """
+
+    #: Token counts whose plan and grid are kept (a bound on the per-count dict).
+    MAX_TOKEN_COUNTS = 4096
+
+    def __init__(self, call: validation.Call, args: dict):
+        self.call = call
+        self.device = device = args["qkv"].device
+        shape = call.shape
+        self.q_cols, self.kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        self.k_col = shape.num_q_heads * shape.q_head_stride
+        self.launches = device.type != "meta"
+        validation.check_runnable(device, interpreted(_split_qkv_rmsnorm_rope_kernel))
+        self._per_tokens: dict[int, tuple] = {}
+        self._bound: dict = {}
+
+    def tokens_agree(self, args: dict) -> bool:
+        """Whether positions and slot mapping hold the token count of qkv (the key leaves it out)."""
+        tokens = args["qkv"].shape[0]
+        if args["positions"].shape[-1] != tokens:
+            return False
+        slots = args.get("slot_mapping")
+        return slots is None or slots.shape[0] >= tokens
+
+    def run(self, args: dict, norm_sums=None):
+        """Launch the call on ``args`` (the op's arguments by name; a TP call passes its summed
+        ``[T, 2]`` ``norm_sums``): ``(q, k, v)``, and the gate after them with ``q_gate``."""
+        call, qkv = self.call, args["qkv"]
+        num_tokens = qkv.shape[0]
+        kv = call.kv_cache
+        v = qkv[:, self.k_col + self.kv_cols:self.k_col + 2 * self.kv_cols]
+        if call.inplace:
+            q, k = qkv[:, :self.q_cols], qkv[:, self.k_col:self.k_col + self.kv_cols]
+        else:
+            q = _new_output(qkv, num_tokens, self.q_cols)
+            k = _new_output(qkv, num_tokens, self.kv_cols)
+            if call.v_norm:
+                v = _new_output(qkv, num_tokens, self.kv_cols)
+        if kv is not None and not kv.return_kv:
+            k = v = qkv.new_empty((num_tokens, 0))
+        gate = _new_output(qkv, num_tokens, self.q_cols) if call.q_gate else None
+        outputs = (q, k, v) if gate is None else (q, k, v, gate)
+        if num_tokens == 0 or not self.launches:
+            return outputs
+        positions = args["positions"]
+        sources = (qkv, q, k, gate, v, args["q_weight"], args["k_weight"], args.get("q_bias"), args.get("k_bias"),
+                   args["cos_sin_cache"], positions, args.get("key_cache"), args.get("value_cache"),
+                   args.get("slot_mapping"), args.get("k_scale"), args.get("v_scale"), norm_sums)
+        launch = self._per_tokens.get(num_tokens)
+        if launch is None:
+            launch = self._plan(num_tokens, sources)
+        grid, bound = launch
+        try:
+            bound(grid, sources, (num_tokens, positions.stride(0) if call.shape.mrope else 0))
+        except Exception as exc:
+            if self.device.type == "cpu" and any(sign in str(exc) for sign in _LATE_INTERPRETER):
+                validation.check_runnable(self.device, interpreted=False)  # raises, naming the variable
+            raise
+        call.mark_written(qkv)
         return outputs
 
-    plan = plan_for(qkv.device, shape, num_tokens)
-    ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
-    _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
-        qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k if k.shape[1] else q,
-        gate_out_ptr=q if gate is None else gate, v_out_ptr=v if v.shape[1] else q,
-        q_w_ptr=qkv if q_weight is None else q_weight,
-        k_w_ptr=qkv if k_weight is None else k_weight,
-        q_b_ptr=qkv if q_bias is None else q_bias,
-        k_b_ptr=qkv if k_bias is None else k_bias,
-        cache_ptr=cos_sin_cache, pos_ptr=positions,
-        k_cache_ptr=qkv if kv is None else key_cache, v_cache_ptr=qkv if kv is None else value_cache,
-        slot_ptr=positions if kv is None else slot_mapping,
-        k_scale_ptr=cos_sin_cache if k_scale is None else k_scale,
-        v_scale_ptr=cos_sin_cache if v_scale is None else v_scale,
-        sums_ptr=cos_sin_cache if norm_sums is None else norm_sums, sums_tp=call.tp_size,
-        num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
-        qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
-        gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
-        v_out_stride=v.stride(0) if v.shape[1] else 0,
-        cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(-1),
-        pos_axis_stride=positions.stride(0) if shape.mrope else 0,
-        eps=call.eps, weight_offset=call.weight_offset,
-        block_size=ks.block_size if ks else 1,
-        k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
-        k_head_stride=ks.head if ks else 0, k_offset=ks.offset if ks else 0,
-        v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
-        v_head_stride=vs.head if vs else 0, v_offset=vs.offset if vs else 0,
-        kv_chunk_stride=ks.chunk if ks else 0,
-        **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
-                      k_bias=call.k_bias, mrope_section=call.mrope_section,
-                      mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
-        **plan.launch_options,
-    )
-    call.mark_written(qkv)
-    return outputs
+    def _plan(self, num_tokens: int, sources: tuple) -> tuple:
+        """The grid and bound kernel for ``num_tokens`` (kept per token count)."""
+        shape = self.call.shape
+        plan = plan_for(self.device, shape, num_tokens)
+        grid = plan.grid(shape, num_tokens)
+        bound = self._bound.get(plan)
+        if bound is None:
+            bound = self._bound[plan] = self._bind(plan, grid, sources, num_tokens)
+        if len(self._per_tokens) >= self.MAX_TOKEN_COUNTS:
+            self._per_tokens.clear()
+        self._per_tokens[num_tokens] = grid, bound
+        return grid, bound
+
+    def _bind(self, plan, grid: int, sources: tuple, num_tokens: int) -> BoundKernel:
+        """The kernel's arguments for ``plan`` (tensors by source index), bound once."""
+        call, shape = self.call, self.call.shape
+        qkv, q, k, gate, v, cache, positions = (sources[i] for i in (QKV, Q, K, GATE, V, CACHE, POS))
+        kv = call.kv_cache
+        ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
+        tensors = dict(
+            qkv_ptr=QKV, q_out_ptr=Q, k_out_ptr=K if k.shape[1] else Q, gate_out_ptr=Q if gate is None else GATE,
+            v_out_ptr=V if v.shape[1] else Q, q_w_ptr=Q_W if call.q_norm else QKV,
+            k_w_ptr=K_W if call.k_norm else QKV, q_b_ptr=Q_B if call.q_bias else QKV,
+            k_b_ptr=K_B if call.k_bias else QKV, cache_ptr=CACHE, pos_ptr=POS,
+            k_cache_ptr=QKV if kv is None else K_CACHE,
+            v_cache_ptr=QKV if kv is None else (V_CACHE if sources[V_CACHE] is not None else K_CACHE),
+            slot_ptr=POS if kv is None else SLOTS,
+            k_scale_ptr=CACHE if sources[K_SCALE] is None else K_SCALE,
+            v_scale_ptr=CACHE if sources[V_SCALE] is None else V_SCALE,
+            sums_ptr=CACHE if sources[SUMS] is None else SUMS)
+        scalars = dict(
+            num_tokens=num_tokens, pos_axis_stride=positions.stride(0) if shape.mrope else 0,
+            sums_tp=call.tp_size, max_position=cache.shape[0],
+            qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
+            gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
+            v_out_stride=v.stride(0) if v.shape[1] else 0,
+            cache_stride=cache.stride(0), pos_stride=positions.stride(-1),
+            eps=call.eps, weight_offset=call.weight_offset,
+            block_size=ks.block_size if ks else 1,
+            k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
+            k_head_stride=ks.head if ks else 0, k_offset=ks.offset if ks else 0,
+            v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
+            v_head_stride=vs.head if vs else 0, v_offset=vs.offset if vs else 0,
+            kv_chunk_stride=ks.chunk if ks else 0,
+            **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+                          k_bias=call.k_bias, mrope_section=call.mrope_section,
+                          mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
+            **plan.launch_options)
+        return BoundKernel(_split_qkv_rmsnorm_rope_kernel, tensors, scalars, sources,
+                           runtime=("num_tokens", "pos_axis_stride"), grid=grid)
 
 
 def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,

@@ -457,14 +457,22 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     return replace(call, shape=replace(shape, norm_across_heads=True), q_norm=True, k_norm=True, tp_size=tp)
 
 
-def check_runnable(device: torch.device) -> None:
+def check_runnable(device: torch.device, interpreted: bool | None = None) -> None:
     """Raise ``ValueError`` when the Triton op cannot run on ``device`` in this process.
 
     CPU tensors run through Triton's interpreter only, which Triton turns on from
     ``TRITON_INTERPRET`` when a kernel is defined; without it Triton fails with a bare
-    "0 active drivers".
+    "0 active drivers". ``interpreted``: whether the op's kernel was defined interpreted (the
+    launcher knows; ``None``: not asked), which it is not when the variable was set after Triton
+    had been imported.
     """
-    if torch.device(device).type == "cpu" and not settings.triton_interpret():
+    if torch.device(device).type != "cpu":
+        return
+    if not settings.triton_interpret():
         raise ValueError("qkv is on the CPU, and the Triton op runs on CPU tensors only through Triton's "
                          f"interpreter: set {settings.TRITON_INTERPRET}=1 before importing the op (or pass "
                          "tensors on an NPU or a GPU)")
+    if interpreted is False:
+        raise ValueError(f"qkv is on the CPU and {settings.TRITON_INTERPRET} is set, but it was set after Triton "
+                         "was imported, so the op's kernels were defined for a device, not for the interpreter: set "
+                         f"{settings.TRITON_INTERPRET}=1 before Triton is imported (before importing the op)")

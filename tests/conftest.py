@@ -22,3 +22,13 @@ if DEVICE == "cpu":
 def device() -> torch.device:
     """The device the kernels under test run on."""
     return torch.device(DEVICE)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_caches():
+    """Each test starts with empty launch caches: tests patch plans and allocators that a
+    prepared call would otherwise keep from an earlier test."""
+    from vllm_ascend_ext.ops import launch_cache
+
+    launch_cache.clear()
+    yield

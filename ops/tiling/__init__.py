@@ -279,12 +279,16 @@ def forced(backend: str | None = None, plan: PlanBase | None = None):
     global _forced_backend, _forced_plan
     if backend not in (None, "ascend", "cuda"):
         raise ValueError(f"backend must be 'ascend' or 'cuda', got {backend!r}")
+    from .. import launch_cache  # prepared calls keep the plans they were given: drop them
+
     saved = _forced_backend, _forced_plan
     _forced_backend, _forced_plan = backend, plan
+    launch_cache.clear()
     try:
         yield
     finally:
         _forced_backend, _forced_plan = saved
+        launch_cache.clear()
 
 
 def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = None) -> PlanBase:

@@ -89,6 +89,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
+    parser.add_argument("--host", action="store_true",
+                        help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
+                             "directly, through torch.ops and (CUDA) inside a torch.compile'd function, beside "
+                             "torch.Tensor.add_ and the unfused eager path; writes bench_host.*")
     parser.add_argument("--no-progress", action="store_true", help="draw no progress bar")
     parser.set_defaults(run=run)
 
@@ -109,6 +113,14 @@ def run(args) -> int:
     from ..ops.models import BENCH_GEOMETRIES
 
     device = torch.device(backend.device)
+    if args.host:
+        from ..bench_host import format_host_table, run_host, write_host_outputs
+
+        result = run_host(device)
+        text = format_host_table(result)
+        print(text)
+        print("wrote " + ", ".join(str(p) for p in write_host_outputs(result, out, text=text)))
+        return 0
     if backend.name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
                          "the Triton interpreter mean nothing for NPU or GPU speed\n")
