@@ -6,7 +6,7 @@ Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PT
 
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
-(which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
+(which cost up to 2x on the H200, ``docs/performance.md``). For each model of ``ops/models.py``
 at each TP size it runs at this builds both CUDA plans (large and small-batch), compiles the
 kernel with the divisibility hints a real launch gets (pointers and row strides divisible by 16),
 and requires the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` /
@@ -21,7 +21,7 @@ too: that is the layout), never narrower; an arm that fell apart into 2-byte acc
 and k move 16 bytes fails even when the rest of the kernel is vectorised. Rows of the table that
 compile to the same kernel are compiled once. It also assembles the
 PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes:
-registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
+registers are what limited occupancy on the H200 (``docs/performance.md``). The count depends on
 the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
 Nsight Compute saw 247 on the H200 (Triton 3.6), and 32/8/128 read 170 here against 128 there;
 read it as a trend.
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 problems.append("no cvt.rn.satfinite.e4m3x2.f32: the fp8 cast is not the saturating one")
             if kv.cache in ("int8", "fp8_e4m3") and not row["div_rn"]:
                 # y / scale must be IEEE's division: Triton's `/` is div.full.f32 (within 2 ulp),
-                # which put exact fp32 ties on the wrong side (perf-notes v9).
+                # which put exact fp32 ties on the wrong side (docs/performance.md, v9).
                 problems.append("no div.rn.f32: the division by the scale is not the IEEE one")
             if kv.return_kv:
                 without, error = results[_key(geometry, small, kv_plan=True)]

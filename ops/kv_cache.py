@@ -52,7 +52,7 @@ QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 QUANT_DTYPES = {torch.int8: QUANT_INT8, torch.float8_e4m3fn: QUANT_FP8}
 #: Most slots a cache may hold: the kernel divides slots into block and row in 32-bit integers (an
 #: int64 division is a long software sequence on CUDA; it cost the 4/1/128 kernel 22 registers a
-#: thread, CPU ptxas, perf-notes v8).
+#: thread, CPU ptxas, docs/performance.md, v8).
 MAX_SLOTS = 2**31 - 1
 #: Largest magnitudes a quantised value saturates to.
 INT8_MAX, FP8_E4M3_MAX = 127.0, 448.0

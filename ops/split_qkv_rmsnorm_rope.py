@@ -207,7 +207,7 @@ def _round_fp8_e4m3(y):
     and ``2**-9`` below the smallest normal ``2**-6``). Triton's interpreter does not round its
     fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit. Scaled by
     the step's exact inverse (``2**(3 - e)``), not divided by the step: Triton's fp32 division on
-    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (perf-notes v9)."""
+    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (docs/performance.md, v9)."""
     binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
     step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
     inv_step = ((257 - binade) << 23).to(tl.float32, bitcast=True)
@@ -230,7 +230,7 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
     one per head and lane at ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half
     to even. The division is IEEE's (``div_rn``): Triton's ``/`` is ``div.full.f32`` on CUDA,
     within 2 ulp, and put values that are exact ties in fp32 on the wrong side of them (2-3 of
-    about 2M fp8 values a run on the H200, perf-notes v9).
+    about 2M fp8 values a run on the H200, docs/performance.md, v9).
     """
     if OUT:
         tl.store(out_base + lanes[None, None, :], y.to(out_base.dtype.element_ty), mask=mask)
@@ -430,7 +430,7 @@ def _head_block(
                 p2 = _tail_load(src, jq, row_ok, HEAD_DIM)
         # With the tail held whole, every load that does not wait on another is issued before
         # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
-        # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
+        # the reduction: up to 0.6 us faster at T <= 64 (docs/performance.md, v5 g). A chunked tail keeps
         # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
         if NORM and TAIL_CHUNKS == 1:
             w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
@@ -695,7 +695,7 @@ def _split_qkv_rmsnorm_rope_kernel(
             # own loads. With POS_PTRS (the plan's ``positions_at_gather``) ``rows`` (and mRoPE's
             # ``rows_h``, ``rows_w``) point at the positions and the head block loads them too, so
             # its own loads are issued before anything waits on the positions (issue is in order;
-            # clamped here, they held the head block's loads back, perf-notes v13).
+            # clamped here, they held the head block's loads back, docs/performance.md, v13).
             if POS_PTRS:
                 rows = pos_ptr + tok64 * pos_stride
             else:
@@ -1053,7 +1053,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         KV_PER_CHANNEL=bool(kv and kv.per_channel),
         # Lane strides in the caches: compile-time, so a unit stride compiles to vector stores
         # (as a run-time 1 it made every cache store a 2-byte store: 32/8/128 at T = 4096 ran at
-        # 1.26x the copy, perf-notes v7).
+        # 1.26x the copy, docs/performance.md, v7).
         K_LANE=kv.key_strides.lane if kv else 1, V_LANE=kv.value_strides.lane if kv else 1,
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HEAD_PAD=next_pow2(shape.head_dim),

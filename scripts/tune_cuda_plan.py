@@ -7,7 +7,7 @@ and prints, per (geometry, T), the current plan (``ops/tiling/cuda.py``) beside 
 combination. First it times two latency probes: one dependent load chain as the op has at one
 token (positions -> cos/sin row -> store) and a single load -> store, to show what a one-token
 launch cannot beat. The numbers back the constants in ``ops/tiling/cuda.py``; log them in
-``docs/perf-notes.md``.
+``docs/performance.md``.
 """
 
 import argparse

@@ -372,7 +372,7 @@ def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
 
     The better of ``Tensor.copy_`` and a plain Triton copy kernel: on the H200 a captured
     ``copy_`` becomes a copy-engine memcpy that reached 2.7 TB/s where SM loads and stores reach
-    4.2 (perf-notes v1), and the floor must be what the SMs can do.
+    4.2 (docs/performance.md, v1), and the floor must be what the SMs can do.
     """
     if device.type == "cpu":
         return float("nan")
@@ -388,7 +388,7 @@ COPY_CONFIGS = ((2048, 4), (8192, 8))
 #: Timings of every other provider in a row, the best counting: as many as the copy has
 #: configurations, so both sides of a ratio to the copy are a best of two (with one timing of ours
 #: against the copy's best of two, a v12 run read the gated layer at T = 8 1.31 against a copy
-#: 0.4 us under the same run's copy at T = 1: perf-notes v12).
+#: 0.4 us under the same run's copy at T = 1: docs/performance.md, v12).
 TIMINGS_PER_ROW = len(COPY_CONFIGS)
 
 

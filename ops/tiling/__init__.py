@@ -224,7 +224,7 @@ class PlanBase:
         A capped grid is kept off multiples of the head-block count: programs step through the
         tiles by the grid size, so with a multiple each program would meet the same head block
         (say, always a small k block) on every tile it walks, and q's programs would do all the
-        work (8/1/128 ran at 1.58x the floor so, perf-notes v3).
+        work (8/1/128 ran at 1.58x the floor so, docs/performance.md, v3).
         """
         tiles = self.num_tiles(shape, num_tokens)
         if tiles <= self.max_programs:

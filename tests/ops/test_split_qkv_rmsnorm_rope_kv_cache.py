@@ -204,8 +204,8 @@ def fp8_step(a: torch.Tensor) -> torch.Tensor:
     """The e4m3 grid step at magnitude ``a``: ``2**(e - 3)`` in binade ``[2**e, 2**(e+1))``,
     ``2**-9`` below the smallest normal ``2**-6``. The binade comes from ``frexp`` (exact), not
     ``floor(log2(a))``: CUDA's float64 ``log2`` returns 2.9999999999999996 for 8 and
-    5.999999999999999 for 64 (H200, ``perf-runs/v10-3-log2-h200.txt``), which halved the step there
-    and failed one-step differences at a tie (the fp8 failures of perf-notes v8 and v10)."""
+    5.999999999999999 for 64 (H200, docs/performance.md), which halved the step there
+    and failed one-step differences at a tie (the fp8 failures of docs/performance.md, v8 and v10)."""
     _, exponent = torch.frexp(a.clamp(min=2.0**-6))  # a = m * 2**exponent, 0.5 <= m < 1
     return torch.ldexp(torch.ones_like(a), exponent - 4)
 
@@ -813,7 +813,7 @@ def test_quantised_cache_is_the_fp32_value_divided_and_rounded(device, cache):
     the scale in IEEE fp32 (torch's division), saturated and rounded half to even, every value:
     values that are exact ties in fp32 included, which the float64 comparisons above leave to
     either side. Triton's ``/`` is ``div.full.f32`` on CUDA (within 2 ulp): with it 2-3 of about
-    2M fp8 values a run of this size came out on the wrong side of such a tie (perf-notes v9)."""
+    2M fp8 values a run of this size came out on the wrong side of such a tie (docs/performance.md, v9)."""
     geometry = model("Qwen3-32B").shard(8)
     tokens = LARGE_KV_TOKENS[-1]
     cache_dtype, per_channel = CACHE_DTYPES[cache][1:]
