@@ -188,3 +188,50 @@ def test_bad_issue10_keys_are_one_line_errors_naming_the_file_and_field(cli, tmp
     result = cli("plan", str(path))
     assert_one_line_error(result, 2, str(path), *fragments)
     assert result.out == ""
+
+
+# Issue 29: what a config file can hold that is not a config. Each is one line naming the file
+# and, where it has one, the field; exit 2; no plan.
+
+_LLAMA = {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def _short_id(value):
+    """A test id for a parameter: its text, cut to 24 characters (a 401-digit integer would be the id)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} chars)"
+
+
+def _write_text(tmp_path, text):
+    path = tmp_path / "m" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _plan_fails(cli, path, *fragments):
+    result = cli("plan", str(path))
+    assert_one_line_error(result, 2, str(path), *fragments)
+    assert result.out == ""
+
+
+@pytest.mark.parametrize("depth", [65, 900, 100_000])
+def test_deeply_nested_array_names_the_file_field_and_line(cli, tmp_path, depth):
+    """Past Python's stack (100 000) the reader fails; between 64 levels and that, it reads a value
+    no config holds; either way the line names the field the nesting is under."""
+    text = '{"num_attention_heads": 8, "head_dim": 128,\n"layer_types": ' + "[" * depth + "]" * depth + "}"
+    _plan_fails(cli, _write_text(tmp_path, text), "layer_types[0][0]", "more than 64 levels", "line 2")
+
+
+def test_deeply_nested_top_level_names_the_file(cli, tmp_path):
+    _plan_fails(cli, _write_text(tmp_path, "[" * 100_000 + "]" * 100_000), "more than 64 levels", "line 1")
+
+
+@pytest.mark.parametrize("key, text, field", [
+    ("num_attention_heads", "1" * 5000, "num_attention_heads"),
+    ("rope_scaling", '{"mrope_section": [16, 24, %s]}' % ("2" * 5000), "rope_scaling.mrope_section[2]"),
+    ("vocab_size", "-" + "9" * 5000, "vocab_size"),  # a key plan does not read: the file is still not a config
+], ids=_short_id)
+def test_integer_too_long_for_python_names_the_file_and_field(cli, tmp_path, key, text, field):
+    body = json.dumps(_LLAMA)[:-1] + f', "{key}": {text}}}'
+    _plan_fails(cli, _write_text(tmp_path, body), field, "5000 digits")

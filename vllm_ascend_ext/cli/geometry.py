@@ -39,13 +39,12 @@ level has no ``num_attention_heads``. Flags on the command line override every g
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .common import CliError
+from .common import CliError, read_json
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
@@ -424,12 +423,7 @@ def resolve_models(text: str) -> list[ResolvedModel]:
         if not path.is_file():
             raise CliError(f"{text} is a folder without a config.json")
     if path.is_file():
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CliError(f"cannot read {path}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        config = read_json(path)
         if not isinstance(config, dict):
             raise CliError(f"{path} is not a JSON object")
         name = path.parent.name or path.stem

@@ -28,8 +28,9 @@ Each kernel falls in a group: the provider named by the run's ``workload.json`` 
 and the floor bandwidth (the bytes the fused op must move over that time).
 
 A missing column, an empty file, an unparsable or negative number (a duration, a dimension), a
-CSV field too long for Python's ``csv`` module, or a malformed ``workload.json`` field is a
-one-line error naming the file (exit 2).
+CSV field too long for Python's ``csv`` module, a JSON file that nests too deep or holds an
+integer Python cannot read (:func:`~vllm_ascend_ext.cli.common.read_json`), or a malformed
+``workload.json`` field is a one-line error naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .common import CliError, CliParser, output_dir
+from .common import CliError, CliParser, output_dir, read_json
 from .geometry import DTYPE_BYTES, resolve_model, shard_checked
 
 __all__ = ["KernelStats", "Record", "add_parser", "arguments", "load", "read_sidecar", "run", "summarize"]
@@ -227,14 +228,10 @@ def read_sidecar(path: Path) -> dict:
     ------
     CliError
         One line naming the file and the field, when it is not a JSON object or a field is
-        malformed (``"tokens": "abc"``, ``"dtype": "int8"``...).
+        malformed (``"tokens": "abc"``, ``"dtype": "int8"``...), or the file is not JSON
+        (:func:`~vllm_ascend_ext.cli.common.read_json`).
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CliError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise CliError(f"{path}: not a JSON object")
     for key, (valid, expected) in _SIDECAR_FIELDS.items():
@@ -338,18 +335,7 @@ def read_csv(path: Path, ctx: Context, stop: Path) -> list[Record]:
 
 def read_trace(path: Path, ctx: Context, stop: Path) -> list[Record]:
     """Kernel launches from a Chrome-trace JSON that torch.profiler exported."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"{path}: not a text file") from None
-    if not text.strip():
-        raise CliError(f"{path} is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    data = read_json(path)
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise CliError(f"{path}: no traceEvents list (not a torch.profiler Chrome trace)")
