@@ -154,7 +154,7 @@ def _trace(path, dur):
     return path
 
 
-@pytest.mark.parametrize("dur", ["NaN", "Infinity", "-Infinity", "-2.5", '"nan"', "true"])
+@pytest.mark.parametrize("dur", ["NaN", "Infinity", "-Infinity", "-2.5", '"nan"', "true", '"21.5"', "9" * 400])
 def test_trace_durations_that_are_not_durations_are_refused(cli, tmp_path, dur):
     path = _trace(tmp_path / "trace.json", dur)
     assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "'dur'")
@@ -166,7 +166,9 @@ def test_trace_duration_of_zero_is_a_duration(cli, tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("tokens", "abc"), ("dtype", "int8"), ("iterations", "x"), ("tp", "two"),
-                                          ("tp", 0), ("tokens", -4), ("cache_dtype", 4), ("model", 7)])
+                                          ("tp", 0), ("tokens", -4), ("cache_dtype", 4), ("model", 7),
+                                          ("iterations", 10 ** 400), ("tokens", 2 ** 31), ("tp", True)],
+                         ids=lambda v: f"{str(v)[:8]}...{len(str(v))}" if len(str(v)) > 12 else None)
 def test_malformed_workload_fields_name_the_file_and_field(cli, fixtures, tmp_path, field, value):
     shutil.copytree(fixtures / "torch", tmp_path / "run")
     sidecar = tmp_path / "run" / "ours" / "workload.json"

@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .common import CliError, CliParser, output_dir, read_json
+from .common import CliError, CliParser, output_dir, read_json, shown
 from .geometry import DTYPE_BYTES, resolve_model, shard_checked
 
 __all__ = ["KernelStats", "Record", "add_parser", "arguments", "load", "read_sidecar", "run", "summarize"]
@@ -197,13 +197,23 @@ def tensor_bytes(shapes: str, dtypes: str) -> int | None:
     return total
 
 
+#: The largest ``tp``, ``tokens`` or ``iterations`` a ``workload.json`` may give: 2**31 - 1, an
+#: int32 (what a launch grid counts in). Past it a value is a typo, and near 10**308 the
+#: bandwidth arithmetic overflows a float.
+SIDECAR_MAX_INT = 2**31 - 1
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SIDECAR_MAX_INT
+
+
 #: ``workload.json``'s fields and what each must be: a checker, and the words for the error line.
 _SIDECAR_FIELDS = {
     "provider": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "model": (lambda v: isinstance(v, str) and bool(v), "a non-empty string (a preset or config.json)"),
-    "tp": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
-    "tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
-    "iterations": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "tp": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
+    "tokens": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
+    "iterations": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
     "dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
     "cache_dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
     "device": (lambda v: isinstance(v, str), "a string"),
@@ -236,7 +246,7 @@ def read_sidecar(path: Path) -> dict:
         raise CliError(f"{path}: not a JSON object")
     for key, (valid, expected) in _SIDECAR_FIELDS.items():
         if key in data and data[key] is not None and not valid(data[key]):
-            raise CliError(f"{path}: field {key!r} must be {expected}, got {data[key]!r}")
+            raise CliError(f"{path}: field {key!r} must be {expected}, got {shown(data[key])}")
     return data
 
 
@@ -345,15 +355,15 @@ def read_trace(path: Path, ctx: Context, stop: Path) -> list[Record]:
         if not isinstance(event, dict) or str(event.get("cat", "")).lower() != "kernel" or event.get("ph") != "X":
             continue
         raw = event.get("dur")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):  # "21.5" is text, not a number
+            raise CliError(f"{path}: a kernel event without a numeric 'dur' (got {shown(raw)})")
         try:
-            if isinstance(raw, bool):
-                raise TypeError
             duration = float(raw)
-        except (TypeError, ValueError):
-            raise CliError(f"{path}: a kernel event without a numeric 'dur' (got {raw!r})") from None
+        except OverflowError:  # an integer past float's range
+            duration = math.inf
         name = str(event.get("name", "(unnamed)"))
         if not math.isfinite(duration) or duration < 0:
-            raise CliError(f"{path}: kernel event {name!r} has 'dur' {raw!r}, not a duration "
+            raise CliError(f"{path}: kernel event {shown(name)} has 'dur' {shown(raw)}, not a duration "
                            "(a finite number >= 0)")
         records.append(Record(name, duration, None, _group(name, ctx, sidecar), str(path)))
     if not records:
