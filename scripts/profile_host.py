@@ -13,23 +13,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
-
-
-def per_call(fn, calls: int) -> float:
-    """Best of three loops: µs per call (the device synchronised at the ends)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    best = float("inf")
-    for _ in range(3):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
 
 
 def main() -> None:
@@ -40,6 +25,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from vllm_ascend_ext.bench import make_inputs
+    from vllm_ascend_ext.bench_host import per_call
     from vllm_ascend_ext.ops import launch_cache, split_qkv_rmsnorm_rope
     from vllm_ascend_ext.ops.models import model
 
@@ -63,9 +49,9 @@ def main() -> None:
             primitives["driver get_current_stream(0)"] = lambda: stream(0)
             primitives["torch.cuda.current_stream()"] = torch.cuda.current_stream
         for name, fn in primitives.items():
-            print(f"{name:34s} {per_call(fn, args.calls):7.2f} us")
+            print(f"{name:34s} {per_call(fn, args.calls, 3, device):7.2f} us")
         op = lambda: split_qkv_rmsnorm_rope(**kwargs)  # noqa: E731
-        print(f"{'split_qkv_rmsnorm_rope (direct)':34s} {per_call(op, args.calls):7.2f} us")
+        print(f"{'split_qkv_rmsnorm_rope (direct)':34s} {per_call(op, args.calls, 3, device):7.2f} us")
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(args.calls):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CALLS", "ROUNDS", "HostRow", "format_host_table", "run_host", "write_host_outputs"]
+__all__ = ["CALLS", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host", "write_host_outputs"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -60,7 +60,7 @@ class HostRow:
     compiled_delta: float | None
 
 
-def _per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
+def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
     """Best of ``rounds`` loops of ``calls`` calls: µs per call (the device synchronised at the
     ends only)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -131,8 +131,8 @@ def _compiled_delta(positional, keywords, calls: int, rounds: int, device: torch
 
     without_c = torch.compile(without, dynamic=False)
     with_c = torch.compile(with_op, dynamic=False)
-    base = _per_call(lambda: without_c(qkv), calls, rounds, device)
-    full = _per_call(lambda: with_c(*positional), calls, rounds, device)
+    base = per_call(lambda: without_c(qkv), calls, rounds, device)
+    full = per_call(lambda: with_c(*positional), calls, rounds, device)
     return full - base
 
 
@@ -141,7 +141,7 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
     calls = calls or (CALLS if device.type != "cpu" else CPU_CALLS)
     rounds = rounds if device.type != "cpu" else 1
     floor_tensor = torch.zeros(16, device=device)
-    add = _per_call(lambda: floor_tensor.add_(1), calls, rounds, device)
+    add = per_call(lambda: floor_tensor.add_(1), calls, rounds, device)
     rows = []
     with torch.inference_mode():
         for label, model, variant in cases:
@@ -152,8 +152,8 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
             rows.append(HostRow(
                 case=label, op={"tp": "split_qkv_tp_rmsnorm_rope", "kv_cache": "split_qkv_rmsnorm_rope_kv_cache",
                                 "inplace": "split_qkv_rmsnorm_rope_"}.get(variant, "split_qkv_rmsnorm_rope"),
-                add_=add, unfused=None if unfused is None else _per_call(unfused, calls, rounds, device),
-                ours=_per_call(direct, calls, rounds, device), torch_ops=_per_call(through_ops, calls, rounds, device),
+                add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
+                ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled))
     from . import bench
 
