@@ -323,9 +323,16 @@ def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk
     def row(name: str, width: int, chunk: int) -> None:
         nonlocal gm, per_tile
         chunks = MLAPlan.chunks(width, chunk)
-        passes = 1 if chunks == 1 else 2  # a chunked row is loaded again in the second pass
-        data = UbBuffer(f"{name} row ({chunks} chunk{'s' if chunks > 1 else ''} x {passes} pass"
-                        f"{'es' if passes > 1 else ''})", passes * chunks * bt * chunk * e, "gm")
+        data = UbBuffer(f"{name} row ({chunks} chunk{'s' if chunks > 1 else ''})", chunks * bt * chunk * e, "gm")
+        if chunks > 1:
+            # The second pass loads chunks 1.. again: at most chunks - 1 copies more (chunk 0's reload
+            # comes before any store and is always the first pass's copy). How many of the others the
+            # lowering keeps apart varies: DeepSeek-V3's q_c (3 chunks) got 1 more with a cache write in
+            # the kv arm, none without. So they are an upper bound (``worst_case``).
+            again = UbBuffer(f"{name} row, second pass ({chunks - 1} chunk{'s' if chunks > 2 else ''})",
+                             (chunks - 1) * bt * chunk * e, "gm", worst_case=True)
+            gm += (again,)
+            per_tile += (again,)
         gm += (data, UbBuffer(f"{name} weight", chunks * chunk * FP32, "gm", worst_case=True))
         per_tile += (data,)
         widths.append(chunk)
