@@ -595,6 +595,13 @@ def _mla_cache(kv_cache, kv_cache_dtype: str, cache_layout, kv_lora_rank: int, r
             want = "int8" if kv_cache_dtype == "int8" else "bf16, fp16 or fp32"
             raise ValueError(f"kv_cache[0] (the latent cache) must be {want} with kv_cache_dtype="
                              f"{kv_cache_dtype!r}, got {nope_cache.dtype}")
+        if layout == "nz":
+            for name, cache, lanes, what in (("kv_cache[0]", nope_cache, kv_lora_rank, "kv_lora_rank"),
+                                             ("kv_cache[1]", rope_cache, rope_dim, "rope_dim")):
+                c0 = _kv.NZ_COLUMN_BYTES // cache.element_size() if cache is not None else 1
+                if lanes % c0:
+                    raise ValueError(f"{name}: cache_layout='nz' needs {what} to be a multiple of {c0} for a "
+                                     f"{cache.dtype} cache (32-byte fractal columns), got {lanes}")
         nope = _kv.strides_of("kv_cache[0]", nope_cache, layout, 1, kv_lora_rank)
         rope = nope
         if rope_dim:
