@@ -324,13 +324,13 @@ def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk
         nonlocal gm, per_tile
         chunks = MLAPlan.chunks(width, chunk)
         data = UbBuffer(f"{name} row ({chunks} chunk{'s' if chunks > 1 else ''})", chunks * bt * chunk * e, "gm")
-        if chunks > 1:
-            # The second pass loads chunks 1.. again: at most chunks - 1 copies more (chunk 0's reload
-            # comes before any store and is always the first pass's copy). How many of the others the
-            # lowering keeps apart varies: DeepSeek-V3's q_c (3 chunks) got 1 more with a cache write in
-            # the kv arm, none without. So they are an upper bound (``worst_case``).
-            again = UbBuffer(f"{name} row, second pass ({chunks - 1} chunk{'s' if chunks > 2 else ''})",
-                             (chunks - 1) * bt * chunk * e, "gm", worst_case=True)
+        if chunks > 2:
+            # The second pass loads each chunk again, chunk c + 1 before chunk c is stored: the
+            # reloads of chunks 0 and 1 come before any store and the lowering keeps the first
+            # pass's copies; each later one follows a store and gets a copy of its own (measured:
+            # q_c's 3 chunks of DeepSeek-V3 allocate 4 chunk buffers, with and without the cache).
+            again = UbBuffer(f"{name} row, second pass ({chunks - 2} chunk{'s' if chunks > 3 else ''} after a "
+                             "store)", (chunks - 2) * bt * chunk * e, "gm")
             gm += (again,)
             per_tile += (again,)
         gm += (data, UbBuffer(f"{name} weight", chunks * chunk * FP32, "gm", worst_case=True))

@@ -408,16 +408,22 @@ def test_call_and_constexprs_do_not_depend_on_the_token_count(device):
     assert all(c == calls[0] for c in calls) and len({hash(c) for c in calls}) == 1
     plan = tiling.mla_plan_for(device, calls[0].shape)
     assert op_module._constexprs(calls[0], plan) == op_module._constexprs(calls[-1], plan)
-    assert {"num_tokens", "max_position"} <= _do_not_specialize()
+    listed = _do_not_specialize()
+    if listed is not None:  # (triton-ascend 3.2's interpreter keeps no decorator arguments)
+        assert {"num_tokens", "max_position"} <= listed
 
 
-def _do_not_specialize() -> set:
+def _do_not_specialize() -> set | None:
     """The kernel's arguments Triton does not specialise on (compiled: the JIT function's list;
-    interpreted: the decorator's keyword arguments the interpreter keeps)."""
+    interpreted: the decorator's keyword arguments, where the interpreter keeps them; else None)."""
     kernel = op_module._mla_kernel
-    names = kernel.arg_names
-    listed = kernel.kwargs["do_not_specialize"] if hasattr(kernel, "kwargs") else kernel.do_not_specialize
-    return {names[i] if isinstance(i, int) else i for i in listed}
+    if hasattr(kernel, "do_not_specialize"):
+        listed = kernel.do_not_specialize
+    elif hasattr(kernel, "kwargs"):
+        listed = kernel.kwargs["do_not_specialize"]
+    else:
+        return None
+    return {kernel.arg_names[i] if isinstance(i, int) else i for i in listed}
 
 
 COMPILED = torch.cuda.is_available() and not settings.triton_interpret()
