@@ -575,3 +575,27 @@ def test_q_rope_bad_inputs_name_the_argument(device, name, change):
     with pytest.raises(ValueError, match=name):
         mla_q_rope_(*change(q, rope["cos_sin_cache"], rope["positions"]))
     assert torch.equal(q, before)
+
+
+# --------------------------------------------------------------------------------------------
+# Plans.
+
+def test_every_mla_plan_fits_the_ub_budget_and_chunks_q_c_exactly():
+    """Every MLA table row's prologue (each cache form's shape) and q side at every TP size gets an
+    Ascend plan within the UB budget; DeepSeek-V3's q_c goes in 3 chunks of 512 (no padding), its
+    kv_c whole."""
+    from vllm_ascend_ext.ops.models import MLA_MODELS
+
+    facts = device_facts.ascend_facts(None)
+    budget = ascend.ub_budget(facts)
+    for spec in MLA_MODELS:
+        for kv_cache in (False, True):
+            shape = MLAShape(spec.q_lora_rank, spec.kv_lora_rank, spec.rope_dim, 2, 4, kv_cache=kv_cache)
+            plan = ascend.mla_plan(shape, facts)
+            assert plan.ub_bytes <= budget and plan.block_tokens >= ascend.MIN_BLOCK_TOKENS
+        for tp in spec.tp_sizes:
+            shape = MLAShape(0, 0, spec.rope_dim, 2, 4, num_heads=spec.heads_at(tp), head_dim=spec.q_head_dim)
+            assert ascend.mla_plan(shape, facts).ub_bytes <= budget
+    v3 = ascend.mla_plan(MLAShape(1536, 512, 64, 2, 4), facts)
+    assert (v3.q_chunk, v3.q_chunks(MLAShape(1536, 512, 64, 2, 4)), v3.kv_chunk) == (512, 3, 512)
+    assert ascend.mla_row_chunk(640) == 128 and ascend.mla_row_chunk(24) == 32
