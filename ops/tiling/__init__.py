@@ -19,8 +19,8 @@ import torch
 
 from .. import device as _device
 
-__all__ = ["KernelShape", "PlanBase", "SumsPlan", "forced", "next_pow2", "plan_for", "prev_pow2",
-           "sums_plan_for", "warm_up_token_counts"]
+__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "forced", "mla_plan_for", "next_pow2",
+           "plan_for", "prev_pow2", "sums_plan_for", "warm_up_token_counts"]
 
 
 def next_pow2(n: int) -> int:
@@ -266,8 +266,111 @@ class SumsPlan:
         return max(1, min(-(-num_tokens // self.block_tokens), self.max_programs))
 
 
+@dataclass(frozen=True)
+class MLAShape:
+    """What an MLA plan (``split_qkv_rmsnorm_rope_mla`` and its q side, ``mla_q_rope_``) depends on.
+
+    The prologue (``num_heads == 0``) normalises q_c's row of ``q_lora_rank`` lanes (none when 0)
+    and kv_c's of ``kv_lora_rank``, and rotates k_pe's ``rope_dim`` lanes (none when 0). The q side
+    (``num_heads > 0``) rotates the last ``rope_dim`` lanes of each of ``num_heads`` heads of
+    ``head_dim`` lanes, in place, and has no norm.
+    """
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    rope_dim: int
+    elem_bytes: int  # qkv_lora / q / output element size
+    cache_bytes: int  # cos_sin_cache element size (the plan's model takes it as is when rope_dim is 0)
+    is_neox: bool = False
+    #: The cache write (combined or split form; its layout and dtype are the call's, not the plan's).
+    kv_cache: bool = False
+    num_heads: int = 0
+    head_dim: int = 0
+
+    @property
+    def q_rope(self) -> bool:
+        """The q side's variant: RoPE of ``q[..., head_dim - rope_dim:]`` in place, no norm."""
+        return self.num_heads > 0
+
+    @property
+    def half(self) -> int:
+        """Rotary pairs, ``R/2``."""
+        return self.rope_dim // 2
+
+    @property
+    def half_pad(self) -> int:
+        """``R/2`` padded to a power of two (1 without rope)."""
+        return next_pow2(self.half)
+
+    @property
+    def row_arms(self) -> int:
+        """Tiles per token block in the prologue: q_c's norm (when ``q_lora_rank``) and the kv arm
+        (kv_c's norm, k_pe's rotation, the cache write)."""
+        return (1 if self.q_lora_rank else 0) + 1
+
+
+@dataclass(frozen=True)
+class MLAPlan:
+    """A launch of the MLA kernel: ``block_tokens`` tokens a tile; the prologue cuts q_c's row in
+    chunks of ``q_chunk`` lanes and kv_c's in chunks of ``kv_chunk`` (powers of two; one chunk is the
+    row held whole, more are summed in a first pass and loaded again to be scaled in a second); the
+    q side takes ``block_heads`` heads a tile. ``ub_buffers`` is the Ascend UB model (empty for CUDA)."""
+
+    block_tokens: int
+    block_heads: int
+    q_chunk: int
+    kv_chunk: int
+    max_programs: int
+    num_warps: int | None = None
+    ub_buffers: tuple = ()
+    ub_capacity: int = 0
+
+    @staticmethod
+    def chunks(width: int, chunk: int) -> int:
+        """Chunks of ``chunk`` lanes covering a row of ``width`` (at least 1)."""
+        return max(1, -(-width // chunk))
+
+    def q_chunks(self, shape: MLAShape) -> int:
+        return self.chunks(shape.q_lora_rank, self.q_chunk)
+
+    def kv_chunks(self, shape: MLAShape) -> int:
+        return self.chunks(shape.kv_lora_rank, self.kv_chunk)
+
+    def head_blocks(self, shape: MLAShape) -> int:
+        """Tiles per token block: the q side's head blocks, or the prologue's arms."""
+        if shape.q_rope:
+            return -(-shape.num_heads // self.block_heads)
+        return shape.row_arms
+
+    @property
+    def ub_bytes(self) -> int:
+        return sum(buf.nbytes for buf in self.ub_buffers)
+
+    def ub_bytes_from(self, source: str) -> int:
+        return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
+
+    @property
+    def launch_options(self) -> dict:
+        return {} if self.num_warps is None else {"num_warps": self.num_warps}
+
+    def num_tiles(self, shape: MLAShape, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_tokens) * self.head_blocks(shape)
+
+    def grid(self, shape: MLAShape, num_tokens: int) -> int:
+        """Programs to launch: one per tile, at most ``max_programs`` (grid-stride), a capped grid
+        kept off multiples of the tiles per token block (as :meth:`PlanBase.grid`, so that a
+        program does not meet the same arm on every tile it walks)."""
+        tiles = self.num_tiles(shape, num_tokens)
+        if tiles <= self.max_programs:
+            return max(1, tiles)
+        programs = self.max_programs
+        if programs % self.head_blocks(shape) == 0:
+            programs -= 1
+        return programs
+
+
 _forced_backend: str | None = None
-_forced_plan: PlanBase | None = None
+_forced_plan: PlanBase | MLAPlan | None = None
 
 
 @contextlib.contextmanager
@@ -309,6 +412,22 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
     native = _device.backend_of(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
+
+
+def mla_plan_for(device: torch.device, shape: MLAShape) -> MLAPlan:
+    """The MLA kernel's plan for ``shape`` on ``device`` (the backend chosen as :func:`plan_for`
+    chooses it; a plan forced with :func:`forced` is used when it is an :class:`MLAPlan`; one plan
+    for every batch size)."""
+    from . import ascend, cuda
+
+    if isinstance(_forced_plan, MLAPlan):
+        return _forced_plan
+    facts = _cuda_facts_for(device)
+    if facts is not None:
+        return cuda.mla_plan(shape, facts)
+    native = _device.backend_of(device)
+    index = (device.index or 0) if native == "ascend" else None
+    return ascend.mla_plan(shape, _device.ascend_facts(index))
 
 
 def sums_plan_for(device: torch.device, shape: KernelShape) -> SumsPlan:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, SumsPlan, next_pow2, prev_pow2
+from . import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import CudaFacts
 
-__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
+__all__ = ["CudaPlan", "mla_plan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
 
 #: Padded head elements per q tile (both rotary halves and the tail, or one tail chunk): 4096
 #: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (docs/performance.md, v3
@@ -470,3 +470,33 @@ def sums_plan(shape: KernelShape, facts: CudaFacts) -> SumsPlan:
     tokens = max(1, TILE_ELEMENTS // max(cols_q, cols_k))
     return SumsPlan(block_tokens=tokens, block_cols_q=cols_q, block_cols_k=cols_k,
                     max_programs=PROGRAMS_PER_SM * facts.num_sms, num_warps=4)
+
+
+#: Lanes of a latent row the MLA prologue holds at once at most: kv_c's 512 whole and q_c's 1536 as
+#: three exact chunks (the Ascend plan's rule, ``ascend.mla_row_chunk``). Not measured on a GPU: a
+#: 512-lane bf16 chunk of 8 tokens is the GQA plan's ``TILE_ELEMENTS`` tile (4096 elements).
+MLA_MAX_ROW_CHUNK = 512
+
+
+@functools.lru_cache(maxsize=None)
+def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
+    """The CUDA plan of the MLA kernel (pure), by the GQA plan's rules and not yet measured for MLA:
+    tiles of :data:`TILE_ELEMENTS` (the prologue: tokens x the widest row chunk; the q side: tokens
+    x ``MAX_BLOCK_HEADS`` heads x the padded rotary lanes), warps giving each thread
+    :data:`ELEMENTS_PER_THREAD` of it (``MIN_WARPS`` to ``MAX_WARPS``), :data:`PROGRAMS_PER_SM`
+    programs an SM walking the tiles grid-stride. One plan for every batch size."""
+    from .ascend import mla_row_chunk
+
+    q_chunk = min(mla_row_chunk(shape.q_lora_rank), MLA_MAX_ROW_CHUNK) if shape.q_lora_rank else 1
+    kv_chunk = min(mla_row_chunk(shape.kv_lora_rank), MLA_MAX_ROW_CHUNK) if shape.kv_lora_rank else 1
+    rot = 2 * shape.half_pad if shape.rope_dim else 1
+    heads = 1
+    if shape.q_rope:
+        heads = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS)
+        row = heads * rot
+    else:
+        row = max(q_chunk, kv_chunk, rot)
+    tokens = prev_pow2(max(1, TILE_ELEMENTS // row))
+    warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(tokens * row // (32 * ELEMENTS_PER_THREAD))))
+    return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
+                   max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=warps)
