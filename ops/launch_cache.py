@@ -24,7 +24,8 @@ import threading
 
 import torch
 
-__all__ = ["MAX_ENTRIES", "LaunchCache", "call_key", "clear", "stats", "tensor_key"]
+__all__ = ["MAX_ENTRIES", "LaunchCache", "call_key", "clear", "positions_key", "prepared", "rows_key", "slots_key",
+           "stats", "tensor_key"]
 
 #: Entries per cache: a model has a few layer geometries, each with at most three token-count
 #: buckets (0, 1, more) per cache; 256 leaves room for many models and tests in one process.
@@ -118,8 +119,8 @@ def call_key(args: dict, token_keys: dict):
                 return None
             special = token_keys.get(name)
             values.append(tensor_key(value) if special is None else special(value))
-        elif kind is list or kind is tuple:
-            values.append((tuple(value), tuple(map(type, value))))
+        elif kind is list or kind is tuple:  # mRoPE's sections; MLA's (nope, rope) caches
+            values.append(tuple(tensor_key(v) if isinstance(v, torch.Tensor) else (v, type(v)) for v in value))
         else:
             values.append(value)
         kinds.append(kind)
@@ -135,3 +136,46 @@ def tensor_key(t):
     return t.dtype, t.device, t.shape, t.stride(), not t.data_ptr() & 15
 
 
+
+
+def rows_key(t):
+    """The key of a tensor whose first dim is the token count (qkv): all but that count, which is
+    bucketed (0, 1, more: the validators' row-stride rules look at more than one row)."""
+    tokens = t.shape[0]
+    return t.dtype, t.device, t.shape[1:], t.stride(), not t.data_ptr() & 15, tokens if tokens < 2 else 2
+
+
+def positions_key(positions):
+    """positions' key: ``[T]`` or ``[3, T]``, its lane stride (the axis stride of ``[3, T]`` is a
+    run-time argument); the token count is checked per call (``tokens_agree``)."""
+    return (positions.dtype, positions.device, positions.shape[:-1], positions.stride(-1),
+            not positions.data_ptr() & 15)
+
+
+def slots_key(slot_mapping):
+    """slot_mapping's key: its length (at least the token count, checked per call) bucketed as
+    :func:`rows_key` does."""
+    slots = slot_mapping.shape[0] if slot_mapping.dim() else 0
+    return (slot_mapping.dtype, slot_mapping.device, slot_mapping.dim(), slot_mapping.stride(),
+            not slot_mapping.data_ptr() & 15, slots if slots < 2 else 2)
+
+
+def prepared(cache: LaunchCache, args: dict, validate, make, token_keys: dict, extra=None):
+    """The prepared call (the cache's entry) for ``args``, an op's arguments by name.
+
+    On a miss, ``make(validate(**args), args)`` makes one (``validate``: the op's validator,
+    raising ``ValueError`` on a bad argument). A hit re-checks what the key leaves open
+    (``entry.tokens_agree(args)``: the token counts of positions and slot mapping) and on a
+    mismatch validates fully, which raises. ``token_keys``: as :func:`call_key`; ``extra``: more
+    of the key (the implementation requested, for the selector's cache).
+    """
+    try:
+        key = call_key(args, token_keys)
+    except (AttributeError, TypeError, RuntimeError):  # no tensor where one belongs, say
+        key = None
+    if key is not None and extra is not None:
+        key = (key, extra)
+    entry = cache.get(key)
+    if entry is not None and entry.tokens_agree(args):
+        return entry
+    return cache.put(key, make(validate(**args), args))

@@ -85,7 +85,7 @@ from . import launch_cache, validation
 from .tiling import KernelShape, next_pow2, plan_for
 from .triton_launcher import BoundKernel, interpreted
 
-__all__ = ["Prepared", "launch", "prepared", "split_qkv_rmsnorm_rope"]
+__all__ = ["TOKEN_KEYS", "Prepared", "launch", "split_qkv_rmsnorm_rope"]
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -846,60 +846,17 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     return launch(_CACHE, locals(), validation.split_qkv_rmsnorm_rope)
 
 
-def qkv_key(qkv):
-    """qkv's part of a call's key: all but its token count, which is bucketed (0, 1, more: the
-    validator's row-stride rule looks at more than one row)."""
-    tokens = qkv.shape[0]
-    return (qkv.dtype, qkv.device, qkv.shape[1:], qkv.stride(), not qkv.data_ptr() & 15,
-            tokens if tokens < 2 else 2)
-
-
-def positions_key(positions):
-    """positions' part of a call's key: ``[T]`` or ``[3, T]``, its lane stride (the axis stride
-    of ``[3, T]`` is a run-time argument)."""
-    return (positions.dtype, positions.device, positions.shape[:-1], positions.stride(-1),
-            not positions.data_ptr() & 15)
-
-
-def slots_key(slot_mapping):
-    """slot_mapping's part of a call's key: its length (at least the token count, checked per
-    call) bucketed as qkv's."""
-    slots = slot_mapping.shape[0] if slot_mapping.dim() else 0
-    return (slot_mapping.dtype, slot_mapping.device, slot_mapping.dim(), slot_mapping.stride(),
-            not slot_mapping.data_ptr() & 15, slots if slots < 2 else 2)
-
-
 #: The arguments whose sizes include the token count, and their part of the key.
-TOKEN_KEYS = {"qkv": qkv_key, "positions": positions_key, "slot_mapping": slots_key}
+TOKEN_KEYS = {"qkv": launch_cache.rows_key, "positions": launch_cache.positions_key,
+              "slot_mapping": launch_cache.slots_key}
 
 _CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope")
 
 
-def prepared(cache: launch_cache.LaunchCache, args: dict, validate, make=None, extra=None):
-    """The prepared call for ``args`` (the public op's arguments by name) from ``cache``.
-
-    On a miss, ``make(validate(**args), args)`` makes one (``validate``: the op's validator,
-    raising ``ValueError`` on a bad argument; ``make``: the entry's maker, default
-    :class:`Prepared`). A hit re-checks what the key leaves open (the token counts of positions
-    and slot mapping) and on a mismatch validates fully, which raises. ``extra``: more of the
-    key (the implementation requested, for the selector's cache).
-    """
-    try:
-        key = launch_cache.call_key(args, TOKEN_KEYS)
-    except (AttributeError, TypeError, RuntimeError):  # no tensor where one belongs, say
-        key = None
-    if key is not None and extra is not None:
-        key = (key, extra)
-    entry = cache.get(key)
-    if entry is not None and entry.tokens_agree(args):
-        return entry
-    return cache.put(key, (make or Prepared)(validate(**args), args))
-
-
 def launch(cache: launch_cache.LaunchCache, args: dict, validate, make=None, extra=None):
-    """Run the call: :func:`prepared`, then its ``run(args)``. The public ops pass ``locals()``
-    as ``args`` (their arguments by name, spelled nowhere else) and bind no other name before."""
-    return prepared(cache, args, validate, make, extra).run(args)
+    """Run the call through ``cache`` (:func:`.launch_cache.prepared` with this family's
+    :data:`TOKEN_KEYS`; ``make`` defaults to :class:`Prepared`)."""
+    return launch_cache.prepared(cache, args, validate, make or Prepared, TOKEN_KEYS, extra).run(args)
 
 
 #: What Triton raises on CPU tensors when ``TRITON_INTERPRET`` was set after it was imported
@@ -914,7 +871,7 @@ _LATE_INTERPRETER = ("0 active drivers", "outside of the scope of a kernel")
 class Prepared:
     """A validated call of the prologue kernel, for every token count: the call object.
 
-    Made once per launch-cache key (:func:`prepared`): the validated :class:`~.validation.Call`,
+    Made once per launch-cache key (:func:`.launch_cache.prepared`): the validated :class:`~.validation.Call`,
     the plan and bound kernel per token count (:func:`~.tiling.plan_for`, one compiled kernel per
     plan), the output layout. :meth:`run` allocates the outputs and launches; nothing in it
     validates again or touches the device's state.

@@ -79,11 +79,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import launch_cache, validation
 from .split_qkv_rmsnorm_rope import _cache_row, _cos_sin_rows, _kv_rows, _store
 from .tiling import mla_plan_for
+from .triton_launcher import BoundKernel, interpreted
 
-__all__ = ["launch", "launch_q_rope", "mla_q_rope_", "split_qkv_rmsnorm_rope_mla"]
+__all__ = ["PreparedMLA", "mla_q_rope_", "split_qkv_rmsnorm_rope_mla"]
 
 
 def _new_output(x: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -328,62 +329,125 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
         On a bad argument, naming it (:func:`.validation.split_qkv_rmsnorm_rope_mla`); on CPU
         tensors without Triton's interpreter.
     """
-    call = validation.split_qkv_rmsnorm_rope_mla(
-        qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim, eps,
-        is_neox=is_neox, kv_cache=kv_cache, slot_mapping=slot_mapping, kv_cache_dtype=kv_cache_dtype,
-        k_scale=k_scale, cache_layout=cache_layout)
-    return launch(call, qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, kv_cache=kv_cache,
-                  slot_mapping=slot_mapping, k_scale=k_scale)
+    return launch_cache.prepared(_CACHE, locals(), validation.split_qkv_rmsnorm_rope_mla, PreparedMLA,
+                                 TOKEN_KEYS).run_prologue(locals())
 
 
-def launch(call: validation.MLACall, qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, kv_cache=None,
-           slot_mapping=None, k_scale=None):
-    """Run a call :func:`.validation.split_qkv_rmsnorm_rope_mla` has passed; returns ``(q_c,
-    kv_c_normed, k_pe)``. The token count is ``qkv_lora``'s rows.
+#: The arguments whose sizes include the token count, and their part of the key.
+TOKEN_KEYS = {"qkv_lora": launch_cache.rows_key, "positions": launch_cache.positions_key,
+              "slot_mapping": launch_cache.slots_key}
+Q_TOKEN_KEYS = {"q": launch_cache.rows_key, "positions": launch_cache.positions_key}
+_CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope_mla")
+_Q_CACHE = launch_cache.LaunchCache("mla_q_rope_")
 
-    Raises
-    ------
-    ValueError
-        On CPU tensors without Triton's interpreter.
+#: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index.
+X, Q_C, KV_C, K_PE, Q_W, KV_W, COS_SIN, POS, NOPE, ROPE, SLOTS, SCALE = range(12)
+
+
+class PreparedMLA:
+    """A validated call of the MLA kernel (the prologue or the q side) for every token count: the
+    launch cache's entry. The plan is one for every batch size; the kernel is bound on the first
+    launch.
+
+    Parameters
+    ----------
+    call : vllm_ascend_ext.ops.validation.MLACall
+        What the validator returned.
+    args : dict
+        The first call's arguments by name (``qkv_lora`` or ``q`` gives the device).
     """
-    validation.check_runnable(qkv_lora.device)
-    shape, cache, tokens = call.shape, call.cache, qkv_lora.shape[0]
-    q_c = _new_output(qkv_lora, tokens, shape.q_lora_rank)
-    kv_c = _new_output(qkv_lora, tokens, shape.kv_lora_rank)
-    k_pe = _new_output(qkv_lora, tokens, shape.rope_dim)
-    if tokens == 0:
-        return q_c, kv_c, k_pe
-    nope_cache = rope_cache = None
-    if cache is not None:
-        if cache.form == "combined":
-            nope_cache = rope_cache = kv_cache.view(torch.float8_e4m3fn) if cache.uint8_fp8 else kv_cache
+
+    def __init__(self, call: validation.MLACall, args: dict):
+        self.call = call
+        x = args["qkv_lora"] if "qkv_lora" in args else args["q"]
+        self.device = x.device
+        self.launches = x.device.type != "meta"
+        validation.check_runnable(x.device, interpreted(_mla_kernel))
+        self.plan = mla_plan_for(x.device, call.shape)
+        self._bound = None
+
+    def tokens_agree(self, args: dict) -> bool:
+        """Whether positions and slot mapping hold the call's token count (the key leaves it out)."""
+        x = args["qkv_lora"] if "qkv_lora" in args else args["q"]
+        tokens = x.shape[0]
+        positions, slots = args.get("positions"), args.get("slot_mapping")
+        return ((positions is None or positions.shape[-1] == tokens)
+                and (slots is None or slots.shape[0] >= tokens))
+
+    def _launch(self, sources: tuple, tokens: int, tensors: dict, scalars: dict) -> None:
+        grid = self.plan.grid(self.call.shape, tokens)
+        if self._bound is None:
+            self._bound = BoundKernel(_mla_kernel, tensors, dict(scalars, num_tokens=tokens,
+                                                                 **_constexprs(self.call, self.plan),
+                                                                 **self.plan.launch_options),
+                                      sources, runtime=("num_tokens",), grid=grid)
+        self._bound(grid, sources, (tokens,))
+
+    def run_prologue(self, args: dict):
+        """``split_qkv_rmsnorm_rope_mla`` on ``args``: ``(q_c, kv_c_normed, k_pe)``."""
+        call, x = self.call, args["qkv_lora"]
+        shape, cache, tokens = call.shape, call.cache, x.shape[0]
+        q_c = _new_output(x, tokens, shape.q_lora_rank)
+        kv_c = _new_output(x, tokens, shape.kv_lora_rank)
+        k_pe = _new_output(x, tokens, shape.rope_dim)
+        if tokens == 0 or not self.launches:
+            return q_c, kv_c, k_pe
+        kv_cache = args["kv_cache"]
+        nope_cache = rope_cache = None
+        if cache is not None:
+            if cache.form == "combined":
+                nope_cache = rope_cache = kv_cache.view(torch.float8_e4m3fn) if cache.uint8_fp8 else kv_cache
+            else:
+                nope_cache, rope_cache = kv_cache
+                rope_cache = nope_cache if rope_cache is None else rope_cache
+        cos_sin, positions = args["cos_sin_cache"], args["positions"]
+        sources = (x, q_c, kv_c, k_pe, args["q_a_weight"], args["kv_a_weight"], cos_sin, positions, nope_cache,
+                   rope_cache, args["slot_mapping"], args["k_scale"])
+        if self._bound is None:
+            nope, rope = (cache.nope, cache.rope) if cache is not None else (None, None)
+            tensors = dict(
+                x_ptr=X, q_c_ptr=Q_C if shape.q_lora_rank else KV_C, kv_c_ptr=KV_C,
+                k_pe_ptr=K_PE if shape.rope_dim else KV_C, q_w_ptr=KV_W if sources[Q_W] is None else Q_W,
+                kv_w_ptr=KV_W, cache_ptr=COS_SIN if shape.rope_dim else X,
+                pos_ptr=POS if shape.rope_dim else SLOTS if cache is not None else KV_W,
+                nope_cache_ptr=X if cache is None else NOPE, rope_cache_ptr=X if cache is None else ROPE,
+                slot_ptr=KV_W if cache is None else SLOTS, scale_ptr=KV_W if sources[SCALE] is None else SCALE)
+            scalars = dict(
+                max_position=cos_sin.shape[0] if shape.rope_dim else 1,
+                x_stride=x.stride(0), x_head_stride=0, rope_col=0,
+                q_c_stride=q_c.stride(0), kv_c_stride=kv_c.stride(0), k_pe_stride=k_pe.stride(0),
+                cache_stride=cos_sin.stride(0) if shape.rope_dim else 0, eps=call.eps,
+                block_size=nope.block_size if nope else 1,
+                nope_block_stride=nope.block if nope else 0, nope_slot_stride=nope.slot if nope else 0,
+                nope_chunk_stride=nope.chunk if nope else 0,
+                rope_block_stride=rope.block if rope else 0, rope_slot_stride=rope.slot if rope else 0,
+                rope_chunk_stride=rope.chunk if rope else 0, rope_offset=rope.offset if rope else 0)
         else:
-            nope_cache, rope_cache = kv_cache
-            rope_cache = nope_cache if rope_cache is None else rope_cache
-    plan = mla_plan_for(qkv_lora.device, shape)
-    nope, rope = (cache.nope, cache.rope) if cache is not None else (None, None)
-    _mla_kernel[(plan.grid(shape, tokens),)](
-        x_ptr=qkv_lora, q_c_ptr=q_c if shape.q_lora_rank else kv_c, kv_c_ptr=kv_c,
-        k_pe_ptr=k_pe if shape.rope_dim else kv_c,
-        q_w_ptr=kv_a_weight if q_a_weight is None else q_a_weight, kv_w_ptr=kv_a_weight,
-        cache_ptr=cos_sin_cache if shape.rope_dim else qkv_lora,
-        pos_ptr=positions if shape.rope_dim else slot_mapping if cache is not None else kv_a_weight,
-        nope_cache_ptr=qkv_lora if cache is None else nope_cache,
-        rope_cache_ptr=qkv_lora if cache is None else rope_cache,
-        slot_ptr=kv_a_weight if cache is None else slot_mapping,
-        scale_ptr=kv_a_weight if k_scale is None else k_scale,
-        num_tokens=tokens, max_position=cos_sin_cache.shape[0] if shape.rope_dim else 1,
-        x_stride=qkv_lora.stride(0), x_head_stride=0, rope_col=0,
-        q_c_stride=q_c.stride(0), kv_c_stride=kv_c.stride(0), k_pe_stride=k_pe.stride(0),
-        cache_stride=cos_sin_cache.stride(0) if shape.rope_dim else 0, eps=call.eps,
-        block_size=nope.block_size if nope else 1,
-        nope_block_stride=nope.block if nope else 0, nope_slot_stride=nope.slot if nope else 0,
-        nope_chunk_stride=nope.chunk if nope else 0,
-        rope_block_stride=rope.block if rope else 0, rope_slot_stride=rope.slot if rope else 0,
-        rope_chunk_stride=rope.chunk if rope else 0, rope_offset=rope.offset if rope else 0,
-        **_constexprs(call, plan), **plan.launch_options,
-    )
-    return q_c, kv_c, k_pe
+            tensors = scalars = None
+        self._launch(sources, tokens, tensors, scalars)
+        return q_c, kv_c, k_pe
+
+    def run_q_rope(self, args: dict):
+        """``mla_q_rope_`` on ``args``: ``q``, rotated in place."""
+        q = args["q"]
+        tokens = q.shape[0]
+        if tokens == 0 or not self.launches:
+            return q
+        cos_sin, positions = args["cos_sin_cache"], args["positions"]
+        sources = (q, None, None, None, None, None, cos_sin, positions, None, None, None, None)
+        if self._bound is None:
+            tensors = dict(x_ptr=X, q_c_ptr=X, kv_c_ptr=X, k_pe_ptr=X, q_w_ptr=X, kv_w_ptr=X, cache_ptr=COS_SIN,
+                           pos_ptr=POS, nope_cache_ptr=X, rope_cache_ptr=X, slot_ptr=POS, scale_ptr=COS_SIN)
+            shape = self.call.shape
+            scalars = dict(
+                max_position=cos_sin.shape[0], x_stride=q.stride(0), x_head_stride=q.stride(1),
+                rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
+                cache_stride=cos_sin.stride(0), eps=0.0, block_size=1, nope_block_stride=0, nope_slot_stride=0,
+                nope_chunk_stride=0, rope_block_stride=0, rope_slot_stride=0, rope_chunk_stride=0, rope_offset=0)
+        else:
+            tensors = scalars = None
+        self._launch(sources, tokens, tensors, scalars)
+        return q
 
 
 def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
@@ -414,33 +478,8 @@ def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
     ValueError
         On a bad argument, naming it (:func:`.validation.mla_q_rope_`).
     """
-    call = validation.mla_q_rope_(q, cos_sin_cache, positions, rope_dim, is_neox=is_neox)
-    return launch_q_rope(call, q, cos_sin_cache, positions)
-
-
-def launch_q_rope(call: validation.MLACall, q, cos_sin_cache, positions):
-    """Run a call :func:`.validation.mla_q_rope_` has passed; returns ``q``, rotated in place.
-
-    Raises
-    ------
-    ValueError
-        On CPU tensors without Triton's interpreter.
-    """
-    validation.check_runnable(q.device)
-    shape, tokens = call.shape, q.shape[0]
-    if tokens == 0:
-        return q
-    plan = mla_plan_for(q.device, shape)
-    _mla_kernel[(plan.grid(shape, tokens),)](
-        x_ptr=q, q_c_ptr=q, kv_c_ptr=q, k_pe_ptr=q, q_w_ptr=q, kv_w_ptr=q, cache_ptr=cos_sin_cache,
-        pos_ptr=positions, nope_cache_ptr=q, rope_cache_ptr=q, slot_ptr=positions, scale_ptr=cos_sin_cache,
-        num_tokens=tokens, max_position=cos_sin_cache.shape[0], x_stride=q.stride(0), x_head_stride=q.stride(1),
-        rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
-        cache_stride=cos_sin_cache.stride(0), eps=0.0, block_size=1, nope_block_stride=0, nope_slot_stride=0,
-        nope_chunk_stride=0, rope_block_stride=0, rope_slot_stride=0, rope_chunk_stride=0, rope_offset=0,
-        **_constexprs(call, plan), **plan.launch_options,
-    )
-    return q
+    return launch_cache.prepared(_Q_CACHE, locals(), validation.mla_q_rope_, PreparedMLA,
+                                 Q_TOKEN_KEYS).run_q_rope(locals())
 
 
 def _constexprs(call: validation.MLACall, plan) -> dict:

@@ -255,3 +255,27 @@ def test_cuda_direct_launch_and_no_host_sync(op_name, device):
     entry = next(iter(cache._entries.values()))
     prologue = getattr(entry, "prologue", entry)
     assert prologue._bound and all(bound.direct for bound in prologue._bound.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_mla_direct_launch_and_no_host_sync(device):
+    """The MLA prologue (with its cache write) and its q side: direct launches after the first,
+    the same results, no host sync."""
+    if device.type != "cuda":
+        pytest.skip("the kernels run through the interpreter here")
+    prologue, q_rope = _op("split_qkv_rmsnorm_rope_mla"), _op("mla_q_rope_")
+    args = reference.make_mla_inputs(64, 32, 16, 37, device="cuda", out_of_range=False)
+    args.update(reference.make_mla_cache(args))
+    q = torch.randn(37, 4, 48, device="cuda", dtype=torch.bfloat16)
+    first = [t.clone() for t in prologue(**args)] + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = list(prologue(**args)) + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for name in ("split_qkv_rmsnorm_rope_mla", "mla_q_rope_"):
+        cache = next(c for c in launch_cache._caches if c.name == name)
+        assert all(entry._bound.direct for entry in cache._entries.values())
