@@ -236,36 +236,36 @@ _ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
 def _kernel(geometry, variant: Variant, facts):
     """The shape, plan, signature and constexprs one geometry and variant compile with (a KV
     variant's as the op's validator makes them: :func:`~._check_common.kv_cache_call`)."""
-    from .split_qkv_rmsnorm_rope import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import constexprs, signature
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     if variant.sums:
-        from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+        from .split_qkv_tp_rmsnorm_rope import sums_constexprs, sums_kernel, sums_signature
 
         shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
         plan = ascend.sums_plan(shape, facts)
-        return shape, plan, in_argument_order(_sums_kernel, _sums_signature(variant.dtype)), \
-            _sums_constexprs(shape, plan)
+        return shape, plan, in_argument_order(sums_kernel, sums_signature(variant.dtype)), \
+            sums_constexprs(shape, plan)
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
     kv = variant.kv
     if kv is None:
         shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
         plan = ascend.plan(shape, facts)
-        constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
+        constants = constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
                                 q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm,
                                 mrope_section=geometry.mrope_section,
                                 mrope_interleaved=geometry.mrope_interleaved)
-        return shape, plan, in_argument_order(kernel, _signature(variant.dtype, variant.cache_dtype)), constants
+        return shape, plan, in_argument_order(kernel, signature(variant.dtype, variant.cache_dtype)), constants
     cache_dtype = "int8" if kv.int8 else variant.dtype
     call = kv_cache_call(geometry, variant.dtype, variant.cache_dtype, layout=kv.layout, cache_dtype=cache_dtype,
                          per_channel=kv.per_channel, return_kv=kv.return_kv, q_norm=q_norm, k_norm=k_norm,
                          bias=variant.bias)
     plan = ascend.plan(call.shape, facts)
-    constants = _constexprs(call.shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+    constants = constexprs(call.shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
                             k_bias=call.k_bias, mrope_section=call.mrope_section,
                             mrope_interleaved=call.mrope_interleaved, kv_cache=call.kv_cache)
-    signature = _signature(variant.dtype, variant.cache_dtype, TRITON_DTYPES[cache_dtype])
+    signature = signature(variant.dtype, variant.cache_dtype, TRITON_DTYPES[cache_dtype])
     return call.shape, plan, in_argument_order(kernel, signature), constants
 
 
@@ -282,9 +282,9 @@ def _job_key(geometry, variant: Variant | None, facts) -> tuple:
 def lower_plan(geometry, variant: Variant | None, facts) -> dict:
     """Plan and lower one geometry (with an optional feature variant) for the NPU of ``facts``
     (:class:`~.device.AscendFacts`); return the report row."""
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
-    from .split_qkv_rmsnorm_rope_mla import _mla_kernel
-    from .split_qkv_tp_rmsnorm_rope import _sums_kernel
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel
+    from .split_qkv_tp_rmsnorm_rope import sums_kernel
 
     variant = variant or Variant("")
     if isinstance(variant, MLAVariant):
@@ -292,12 +292,12 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
         # The q side rotates q in place: x_ptr is its input and its output (read by design).
         outputs = ("x_ptr",) if variant.q_side else _MLA_OUTPUTS
         caches = () if variant.q_side else _MLA_CACHES
-        fn = _mla_kernel
+        fn = mla_kernel
     else:
         shape, plan, signature, constants = _kernel(geometry, variant, facts)
         # The sums kernel's one output is the [T, 2] sums; the prologue kernel reads them.
         outputs, caches = (("sums_ptr",), ()) if variant.sums else (_OUTPUTS, _CACHES)
-        fn = _sums_kernel if variant.sums else kernel
+        fn = sums_kernel if variant.sums else kernel
     linalg = _lower(fn, signature, constants, facts.soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order (the
     # constants dropped); checked against the types it declares.
@@ -434,17 +434,17 @@ def mla_jobs() -> list[tuple[str, MLARow, MLAVariant]]:
 def _mla_kernel_of(row: MLARow, variant: MLAVariant, facts):
     """The shape, plan, signature and constexprs of one MLA row and variant, as the op's validator
     configures them (:func:`~._check_common.mla_call`)."""
-    from .split_qkv_rmsnorm_rope_mla import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope_mla import _mla_kernel as kernel
+    from .split_qkv_rmsnorm_rope_mla import constexprs, signature
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel as kernel
 
     call = mla_call(row.spec, row.heads, variant.dtype, variant.cos_dtype, q_side=variant.q_side, form=variant.form,
                     layout=variant.layout, kv_cache_dtype=variant.kv_cache_dtype, is_neox=variant.is_neox,
                     rope_dim=0 if variant.no_rope else None)
     plan = ascend.mla_plan(call.shape, facts)
     nope = "int8" if variant.kv_cache_dtype == "int8" else variant.dtype
-    signature = _signature(TRITON_DTYPES[variant.dtype], TRITON_DTYPES[variant.cos_dtype], TRITON_DTYPES[nope],
+    signature = signature(TRITON_DTYPES[variant.dtype], TRITON_DTYPES[variant.cos_dtype], TRITON_DTYPES[nope],
                            TRITON_DTYPES[variant.dtype])
-    return call.shape, plan, in_argument_order(kernel, signature), _constexprs(call, plan)
+    return call.shape, plan, in_argument_order(kernel, signature), constexprs(call, plan)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,8 +125,8 @@ def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None,
     (default: its own) gets; with ``kv`` as the cache-write op (validated by the op's own
     validator, :func:`~._check_common.kv_cache_call`); ``kv_plan``: under the plan of the
     cache write's shape (the prologue compared against it)."""
-    from .split_qkv_rmsnorm_rope import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import constexprs, signature
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     call = None
     shape = KernelShape.of(geometry, 2, 4)
@@ -138,11 +138,11 @@ def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None,
     if kv is not None or kv_plan:
         plan_shape = replace(plan_shape, kv_cache=True)
     plan = (cuda.small_batch_plan if small else cuda.plan)(plan_shape, _sm90_facts())
-    constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
+    constexprs = constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
                              q_bias=False, k_bias=False, mrope_section=geometry.mrope_section,
                              mrope_interleaved=geometry.mrope_interleaved,
                              kv_cache=call.kv_cache if call else None)
-    signature = in_argument_order(kernel, _signature("bf16", "fp32", TRITON_DTYPES[kv.cache] if kv else None))
+    signature = in_argument_order(kernel, signature("bf16", "fp32", TRITON_DTYPES[kv.cache] if kv else None))
     return shape, plan, signature, constexprs
 
 
@@ -161,7 +161,7 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None, kv: KVForm |
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     shape, plan, signature, constexprs = _kernel(geometry, small, plan_geometry, kv, kv_plan)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _DIVISIBLE}
@@ -187,15 +187,15 @@ def compile_sums(geometry) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+    from .split_qkv_tp_rmsnorm_rope import sums_constexprs, sums_kernel, sums_signature
 
     shape = KernelShape.of(geometry, 2, 4)
     plan = cuda.sums_plan(shape, cuda_facts())
-    signature = in_argument_order(_sums_kernel, _sums_signature("bf16"))
-    constexprs = _sums_constexprs(shape, plan)
+    signature = in_argument_order(sums_kernel, sums_signature("bf16"))
+    constexprs = sums_constexprs(shape, plan)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
              if name in ("qkv_ptr", "sums_ptr", "qkv_stride")}
-    source = ASTSource(_sums_kernel, signature | {name: "constexpr" for name in constexprs},
+    source = ASTSource(sums_kernel, signature | {name: "constexpr" for name in constexprs},
                        constexprs=constexprs, attrs=attrs)
     ptx = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32), options=plan.launch_options).asm["ptx"]
     return {"plan": plan, "v4": len(re.findall(r"ld\.global\.v4", ptx)), **_ptxas_report(ptx)}
@@ -333,8 +333,8 @@ def mla_jobs() -> list[tuple[str, object, int, MLAForm]]:
 
 
 def _mla_kernel_of(spec, heads: int, form: MLAForm):
-    from .split_qkv_rmsnorm_rope_mla import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope_mla import _mla_kernel as kernel
+    from .split_qkv_rmsnorm_rope_mla import constexprs, signature
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel as kernel
 
     storage = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else None
     call = mla_call(spec, heads, "bf16", "fp32", q_side=form.q_side, form=form.form, layout=form.layout,
@@ -342,8 +342,8 @@ def _mla_kernel_of(spec, heads: int, form: MLAForm):
     plan = cuda.mla_plan(call.shape, _sm90_facts())
     nope = {"auto": "bf16", "int8": "int8", "fp8": "fp8_e4m3"}[form.kv_cache_dtype]
     rope = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else "bf16"
-    signature = in_argument_order(kernel, _signature("bf16", "fp32", TRITON_DTYPES[nope], TRITON_DTYPES[rope]))
-    return kernel, plan, signature, _constexprs(call, plan)
+    signature = in_argument_order(kernel, signature("bf16", "fp32", TRITON_DTYPES[nope], TRITON_DTYPES[rope]))
+    return kernel, plan, signature, constexprs(call, plan)
 
 
 def compile_mla(spec, heads: int, form: MLAForm) -> dict:

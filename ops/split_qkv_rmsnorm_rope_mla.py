@@ -37,7 +37,7 @@ slot ``s`` (block ``s // block_size``, row ``s % block_size``) gets ``cat(kv_c_n
              = clamp(round_half_even(y / k_scale), -128, 127)            ("int8": the split form's latent)
 
 The division is IEEE fp32 (``div_rn``), the e4m3 rounding is done on the fp32 value before the cast
-(:func:`~.split_qkv_rmsnorm_rope._store`, shared with the GQA cache write). Nothing else of the cache
+(:func:`~.split_qkv_rmsnorm_rope.store`, shared with the GQA cache write). Nothing else of the cache
 is touched.
 
 The q side (:func:`mla_q_rope_`): ``q`` ``[T, H, D]`` (any token and head strides, contiguous
@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from . import launch_cache, validation
-from .split_qkv_rmsnorm_rope import _cache_row, _cos_sin_rows, _kv_rows, _store
+from .split_qkv_rmsnorm_rope import cache_row, cos_sin_rows, kv_cache_rows, store
 from .tiling import mla_plan_for
 from .triton_launcher import BoundKernel, interpreted
 
@@ -101,7 +101,7 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
     ``kv_ok`` ``[BLOCK_T, 1, 1]`` masks (a padding slot: ``kv_ok`` off). In ``CHUNKS`` chunks of
     ``CHUNK`` lanes: one is held from load to store; more are summed in a first pass and loaded
     again in the second, chunk ``c + 1`` before chunk ``c`` is stored. With ``KV`` each value is also
-    stored into the cache (the output's rounding, then :func:`_store`'s cast or quantisation)."""
+    stored into the cache (the output's rounding, then :func:`store`'s cast or quantisation)."""
     j = tl.arange(0, CHUNK)
     head = tl.arange(0, 1)
     head_ok = head < 1
@@ -113,7 +113,7 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
         y = x * rstd[:, :, None] * w[None, None, :]
         if KV:
             y = y.to(dst.dtype.element_ty).to(tl.float32)
-        _store(dst, kv_base, kv_ptr, j, y, row_ok & j_ok, kv_ok & j_ok, scale_ptr, head, head_ok, 1, chunk_stride, True,
+        store(dst, kv_base, kv_ptr, j, y, row_ok & j_ok, kv_ok & j_ok, scale_ptr, head, head_ok, 1, chunk_stride, True,
                KV, KV_CHUNK, KV_QUANT, False, WIDTH)
     else:
         sum_sq = tl.zeros(row_ok.shape, dtype=tl.float32)
@@ -136,7 +136,7 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
             y = xc.to(tl.float32) * rstd * wc.to(tl.float32)[None, None, :]
             if KV:
                 y = y.to(dst.dtype.element_ty).to(tl.float32)
-            _store(dst, kv_base, kv_ptr, jc, y, row_ok & jc_ok, kv_ok & jc_ok, scale_ptr, head, head_ok, 1,
+            store(dst, kv_base, kv_ptr, jc, y, row_ok & jc_ok, kv_ok & jc_ok, scale_ptr, head, head_ok, 1,
                    chunk_stride, True, KV, KV_CHUNK, KV_QUANT, False, WIDTH)
 
 
@@ -162,9 +162,9 @@ def _rope_block(src, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, c
         if KV:
             ya = ya.to(dst.dtype.element_ty).to(tl.float32)
             yb = yb.to(dst.dtype.element_ty).to(tl.float32)
-        _store(dst, kv_base, kv_ptr, i, ya, row_ok & i_ok, kv_ok & i_ok, scale_ptr, heads, heads_ok, 1,
+        store(dst, kv_base, kv_ptr, i, ya, row_ok & i_ok, kv_ok & i_ok, scale_ptr, heads, heads_ok, 1,
                chunk_stride, True, KV, KV_CHUNK, KV_QUANT, False, 2 * HALF)
-        _store(dst, kv_base, kv_ptr, i + HALF, yb, row_ok & i_ok, kv_ok & i_ok, scale_ptr, heads, heads_ok, 1,
+        store(dst, kv_base, kv_ptr, i + HALF, yb, row_ok & i_ok, kv_ok & i_ok, scale_ptr, heads, heads_ok, 1,
                chunk_stride, True, KV, KV_CHUNK, KV_QUANT, False, 2 * HALF)
     else:
         r = tl.arange(0, 2 * HALF_PAD)
@@ -178,7 +178,7 @@ def _rope_block(src, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, c
         y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
         if KV:
             y = y.to(dst.dtype.element_ty).to(tl.float32)
-        _store(dst, kv_base, kv_ptr, r, y, row_ok & r_ok, kv_ok & r_ok, scale_ptr, heads, heads_ok, 1,
+        store(dst, kv_base, kv_ptr, r, y, row_ok & r_ok, kv_ok & r_ok, scale_ptr, heads, heads_ok, 1,
                chunk_stride, True, KV, KV_CHUNK, KV_QUANT, False, 2 * HALF)
 
 
@@ -187,9 +187,9 @@ def _cos_sin(cache_ptr, pos_ptr, tok64, tok_ok, max_position, cache_stride, HALF
              HALF_PAD: tl.constexpr):
     """The tokens' cos and sin rows (positions loaded as a vector and clamped into the cache),
     ``[BLOCK_T, 1, HALF_PAD]`` fp32 each."""
-    rows = _cache_row(tl.load(pos_ptr + tok64, mask=tok_ok, other=0), max_position, cache_stride)
+    rows = cache_row(tl.load(pos_ptr + tok64, mask=tok_ok, other=0), max_position, cache_stride)
     i = tl.arange(0, HALF_PAD)
-    cos, sin = _cos_sin_rows(cache_ptr, rows, i, tok_ok[:, None] & (i < HALF)[None, :], HALF)
+    cos, sin = cos_sin_rows(cache_ptr, rows, i, tok_ok[:, None] & (i < HALF)[None, :], HALF)
     return cos[:, None, :], sin[:, None, :]
 
 
@@ -208,14 +208,14 @@ def _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_
         slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1)
     else:
         slot = tok64
-    nope_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, nope_block_stride, nope_slot_stride,
+    nope_rows, kv_tok_ok = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, nope_block_stride, nope_slot_stride,
                                     0, KV_CACHE, True)
     kv_ok = kv_tok_ok[:, None, None]
     _norm_row(x_row + Q_LORA, kv_c_ptr + (tok64 * kv_c_stride)[:, None, None],
               nope_cache_ptr + nope_rows[:, None, None], nope_cache_ptr, kv_w_ptr, row_ok, kv_ok, scale_ptr, eps,
               nope_chunk_stride, KV_LORA, KV_CHUNK, KV_CHUNKS, KV_CACHE, NOPE_NZ, NOPE_QUANT)
     if ROPE > 0:
-        rope_rows, _ = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, rope_block_stride, rope_slot_stride,
+        rope_rows, _ = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, rope_block_stride, rope_slot_stride,
                                 rope_offset, KV_CACHE, True)
         cos, sin = _cos_sin(cache_ptr, pos_ptr, tok64, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
         _rope_block(x_row + Q_LORA + KV_LORA, k_pe_ptr + (tok64 * k_pe_stride)[:, None, None],
@@ -224,7 +224,7 @@ def _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position"])
-def _mla_kernel(
+def mla_kernel(
     x_ptr, q_c_ptr, kv_c_ptr, k_pe_ptr, q_w_ptr, kv_w_ptr, cache_ptr, pos_ptr,
     nope_cache_ptr, rope_cache_ptr, slot_ptr, scale_ptr,
     num_tokens, max_position, x_stride, x_head_stride, rope_col, q_c_stride, kv_c_stride, k_pe_stride,
@@ -362,7 +362,7 @@ class PreparedMLA:
         x = args["qkv_lora"] if "qkv_lora" in args else args["q"]
         self.device = x.device
         self.launches = x.device.type != "meta"
-        validation.check_runnable(x.device, interpreted(_mla_kernel))
+        validation.check_runnable(x.device, interpreted(mla_kernel))
         self.plan = mla_plan_for(x.device, call.shape)
         self._bound = None
 
@@ -377,8 +377,8 @@ class PreparedMLA:
     def _launch(self, sources: tuple, tokens: int, tensors: dict, scalars: dict) -> None:
         grid = self.plan.grid(self.call.shape, tokens)
         if self._bound is None:
-            self._bound = BoundKernel(_mla_kernel, tensors, dict(scalars, num_tokens=tokens,
-                                                                 **_constexprs(self.call, self.plan),
+            self._bound = BoundKernel(mla_kernel, tensors, dict(scalars, num_tokens=tokens,
+                                                                 **constexprs(self.call, self.plan),
                                                                  **self.plan.launch_options),
                                       sources, runtime=("num_tokens",), grid=grid)
         self._bound(grid, sources, (tokens,))
@@ -482,7 +482,7 @@ def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
                                  Q_TOKEN_KEYS).run_q_rope(locals())
 
 
-def _constexprs(call: validation.MLACall, plan) -> dict:
+def constexprs(call: validation.MLACall, plan) -> dict:
     """The kernel's compile-time arguments for one validated call and plan."""
     shape, cache = call.shape, call.cache
     return dict(
@@ -497,7 +497,7 @@ def _constexprs(call: validation.MLACall, plan) -> dict:
     )
 
 
-def _signature(dtype: str, cos_sin_dtype: str, nope_dtype: str | None = None, rope_dtype: str | None = None) -> dict:
+def signature(dtype: str, cos_sin_dtype: str, nope_dtype: str | None = None, rope_dtype: str | None = None) -> dict:
     """The kernel's run-time argument types, for compiling ahead of time (the compile checks):
     ``dtype`` of qkv_lora / q, the outputs and weights, ``cos_sin_dtype`` of the cos/sin cache,
     ``nope_dtype`` / ``rope_dtype`` of the caches (default ``dtype``), in Triton's spelling;

@@ -21,7 +21,7 @@ division by the model's ``Hkv_total*D``).
 
 Launches
 --------
-Two kernels around one collective: kernel 1 (:func:`_sums_kernel`, here) writes the ``[T, 2]``
+Two kernels around one collective: kernel 1 (:func:`sums_kernel`, here) writes the ``[T, 2]``
 fp32 sums of squares; the all-reduce sums them over the group (a ``ProcessGroup``:
 ``dist.all_reduce(sums, group=...)`` in place; a callable: ``sums = f(sums)``); kernel 2 is the
 prologue's kernel (``ops/split_qkv_rmsnorm_rope.py``) compiled with ``NORM_SUMS`` (rstd from the
@@ -67,7 +67,7 @@ def _sum_squares(row_ptr, tok_ok, cols, COLS: tl.constexpr, BLOCK_C: tl.constexp
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def _sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
+def sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
                  Q_COLS: tl.constexpr, K_COLS: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_CQ: tl.constexpr, BLOCK_CK: tl.constexpr):
     """``sums[t] = (sum of x**2 over q's Q_COLS columns, over k's K_COLS columns)`` in fp32, for
@@ -85,13 +85,13 @@ def _sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
         tl.store(sums_ptr + tok.to(tl.int64)[:, None] * 2 + which[None, :], both, mask=tok_ok[:, None])
 
 
-def _sums_constexprs(shape: KernelShape, plan: SumsPlan) -> dict:
+def sums_constexprs(shape: KernelShape, plan: SumsPlan) -> dict:
     """Kernel 1's compile-time arguments for one rank's geometry and plan."""
     return dict(Q_COLS=shape.num_q_heads * shape.head_dim, K_COLS=shape.num_kv_heads * shape.head_dim,
                 BLOCK_T=plan.block_tokens, BLOCK_CQ=plan.block_cols_q, BLOCK_CK=plan.block_cols_k)
 
 
-def _sums_signature(dtype: str) -> dict:
+def sums_signature(dtype: str) -> dict:
     """Kernel 1's run-time argument types (Triton's spelling of qkv's dtype), for compiling ahead
     of time (the lowering and compile checks)."""
     return {"qkv_ptr": f"*{dtype}", "sums_ptr": "*fp32", "num_tokens": "i32", "qkv_stride": "i32"}
@@ -105,7 +105,7 @@ def partial_sums(call: validation.Call, qkv: torch.Tensor) -> torch.Tensor:
 
 def _all_reduce(sums: torch.Tensor, all_reduce) -> torch.Tensor:
     """Sum ``sums`` over the TP group: in place on a ``ProcessGroup``, or through the callable."""
-    if validation._is_process_group(all_reduce):
+    if validation.is_process_group(all_reduce):
         torch.distributed.all_reduce(sums, group=all_reduce)
         return sums
     return all_reduce(sums)
@@ -184,9 +184,9 @@ class PreparedTP:
             return sums
         grid = self._plan.grid(num_tokens)
         if self._bound is None:
-            self._bound = BoundKernel(_sums_kernel, dict(qkv_ptr=0, sums_ptr=1),
+            self._bound = BoundKernel(sums_kernel, dict(qkv_ptr=0, sums_ptr=1),
                                       dict(qkv_stride=qkv.stride(0), num_tokens=num_tokens,
-                                           **_sums_constexprs(self.call.shape, self._plan),
+                                           **sums_constexprs(self.call.shape, self._plan),
                                            **self._plan.launch_options),
                                       (qkv, sums), runtime=("num_tokens",), grid=grid)
         self._bound(grid, (qkv, sums), (num_tokens,))

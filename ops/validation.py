@@ -392,7 +392,7 @@ _TP_NORM_UNSUPPORTED = dict(q_bias=None, k_bias=None, weight_offset=0.0, inplace
                             mrope_interleaved=False, q_gate=False, v_norm=False)
 
 
-def _is_process_group(value) -> bool:
+def is_process_group(value) -> bool:
     dist = torch.distributed
     return dist.is_available() and isinstance(value, dist.ProcessGroup)
 
@@ -437,7 +437,7 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         if tp > 1:
             raise ValueError(f"all_reduce is required with tp_size={tp} > 1: a torch.distributed ProcessGroup "
                              "or a callable f(tensor) -> summed tensor (vLLM's get_tp_group().all_reduce)")
-    elif _is_process_group(all_reduce):
+    elif is_process_group(all_reduce):
         if all_reduce.size() != tp:
             raise ValueError(f"tp_size={tp} but the all_reduce process group has {all_reduce.size()} ranks")
     elif not callable(all_reduce):

@@ -537,11 +537,11 @@ def _checked_providers(providers, known: tuple[str, ...]) -> tuple[str, ...]:
     return providers
 
 
-def _meta(device: torch.device, op: str) -> dict:
+def run_meta(device: torch.device, op: str) -> dict:
     from vllm_ascend_ext.ops import settings
 
     return {"op": op, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-            "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton_version(), "python": platform.python_version(),
             "interpreter": settings.triton_interpret()}
 
 
@@ -624,7 +624,7 @@ def run(device: torch.device, tokens=None, providers=None, geometries=None,
                 us = min(timer(lambda: fn(**args)) for _ in range(TIMINGS_PER_ROW))
                 rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch,
                                 copy_us))
-    meta = _meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
+    meta = run_meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
     return {"rows": rows, "meta": meta}
 
 
@@ -771,12 +771,12 @@ def run_kv_cache(device: torch.device, tokens=None, providers=None, geometries=N
                 us = min(timer(fn) for fn in fns)
                 us_amortised = min(timer(fn, calls) for fn in fns)
                 rows.append(KVRow(name, tp, geometry.label, count, provider, us, us_amortised, calls, err, nbytes))
-    meta = _meta(device, KV_OP) | {"launch_floor_us": launch, "amortised_calls": calls, "cache_layout": "nhd",
+    meta = run_meta(device, KV_OP) | {"launch_floor_us": launch, "amortised_calls": calls, "cache_layout": "nhd",
                                    "cache_dtype": "bf16", "block_size": KV_BLOCK_SIZE}
     return {"rows": rows, "meta": meta}
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
     try:
         import triton
 
@@ -1365,7 +1365,7 @@ def run_tp(device: torch.device, group, tokens=None, providers=None, geometries=
                     progress(f"[rank {rank}] {name} tp{tp} {local.label} T={count} {provider}: {us:.2f} us "
                              f"({how}), err {err:.1e}")
             del args, ref
-    meta = _meta(device, TP_OP) | {"tp": tp, "collective": dist.get_backend(group),
+    meta = run_meta(device, TP_OP) | {"tp": tp, "collective": dist.get_backend(group),
                                    "timing": sorted({r.timing for r in rows}), "capture_fallbacks": timer.fallbacks}
     if device.type == "cuda":
         meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -157,8 +157,8 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                 compiled_delta=compiled))
     from . import bench
 
-    meta = {"mode": "host", "device": bench._meta(device, bench.OP)["device"], "calls": calls, "rounds": rounds,
-            "tokens": 1, "torch": torch.__version__, "triton": bench._triton_version()}
+    meta = {"mode": "host", "device": bench.run_meta(device, bench.OP)["device"], "calls": calls, "rounds": rounds,
+            "tokens": 1, "torch": torch.__version__, "triton": bench.triton_version()}
     return {"meta": meta, "rows": rows}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import AscendFacts
 
 __all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "mla_plan", "mla_ub_buffers", "plan", "rope_axes",

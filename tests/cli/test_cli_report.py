@@ -33,7 +33,7 @@ def _durations(path, column):
 def test_msprof_runs_side_by_side(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "msprof")
     assert data["floor_bytes"] == FLOOR and data["iterations"] == 5
-    ours = kernels[("ours", "_split_qkv_rmsnorm_rope_kernel")]
+    ours = kernels[("ours", "split_qkv_rmsnorm_rope_kernel")]
     csv_path = next((fixtures / "msprof" / "ours").rglob("op_summary_*.csv"))
     expected = _durations(csv_path, "Task Duration(us)")[2:]  # the first two rows are set-up
     assert ours["calls"] == 5
@@ -59,7 +59,7 @@ def test_text_report_and_peak(cli, fixtures):
     assert result.code == 0
     lines = result.out.splitlines()
     assert lines[0].split()[:3] == ["group", "kernel", "calls"]
-    assert any(line.startswith("ours ") and "_split_qkv_rmsnorm_rope_kernel" in line for line in lines)
+    assert any(line.startswith("ours ") and "split_qkv_rmsnorm_rope_kernel" in line for line in lines)
     assert "device peak: 1600 GB/s (--peak-gbps)" in result.out
     assert "x fastest" in result.out
 
@@ -68,7 +68,7 @@ def test_kernel_details_grouped_by_pattern(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "torch_npu" / "kernel_details.csv",
                                     "--model", "Qwen3-8B", "--tokens", "64")
     assert set(groups) == {"fused", "unfused", "other"}
-    assert kernels[("fused", "_split_qkv_rmsnorm_rope_kernel")]["nbytes"] == bytes_moved(
+    assert kernels[("fused", "split_qkv_rmsnorm_rope_kernel")]["nbytes"] == bytes_moved(
         model("Qwen3-8B").shard(1), 64, 2, 4)
     matmul = kernels[("other", "aclnnMatmul_MatMulCommon_MatMulV2")]
     assert matmul["nbytes"] == 2 * (64 * 4096 + 6144 * 4096 + 64 * 6144)
@@ -78,14 +78,14 @@ def test_kernel_details_grouped_by_pattern(cli, fixtures):
 
 def test_msprof_op_basic_info(cli, fixtures):
     data, kernels, _ = _report(cli, fixtures / "msprof_op", "--model", "Qwen3-8B", "--tokens", "4096")
-    fused = kernels[("fused", "_split_qkv_rmsnorm_rope_kernel")]
+    fused = kernels[("fused", "split_qkv_rmsnorm_rope_kernel")]
     assert fused["calls"] == 1 and fused["total_us"] == pytest.approx(61.25)
 
 
 def test_torch_profiler_trace_uses_the_gpu_peak(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "torch")
     assert data["peak_gbps"] == 4800.0
-    ours = kernels[("ours", "_split_qkv_rmsnorm_rope_kernel")]
+    ours = kernels[("ours", "split_qkv_rmsnorm_rope_kernel")]
     assert ours["calls"] == 5 and ours["total_us"] == pytest.approx(5 * 21.5 + 0.1 * (0 + 1 + 2 + 3 + 4))
 
 

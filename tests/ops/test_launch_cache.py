@@ -190,7 +190,7 @@ def test_which_launch_path_this_triton_takes():
     from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope as _  # noqa: F401  (defines the kernel)
     from vllm_ascend_ext.ops import triton_launcher
 
-    kernel = sys.modules["vllm_ascend_ext.ops.split_qkv_rmsnorm_rope"]._split_qkv_rmsnorm_rope_kernel
+    kernel = sys.modules["vllm_ascend_ext.ops.split_qkv_rmsnorm_rope"].split_qkv_rmsnorm_rope_kernel
     reason = triton_launcher.direct_unavailable_reason(kernel)
     import triton
 

@@ -612,7 +612,7 @@ gpu = pytest.mark.skipif(not COMPILED, reason="needs a GPU without the interpret
 
 
 def _compiled_variants() -> int:
-    kernel = op_module._split_qkv_rmsnorm_rope_kernel
+    kernel = op_module.split_qkv_rmsnorm_rope_kernel
     caches = getattr(kernel, "device_caches", None)
     if caches is not None:  # Triton >= 3.3
         return sum(len(entry[0]) for entry in caches.values())

@@ -407,7 +407,7 @@ def test_call_and_constexprs_do_not_depend_on_the_token_count(device):
         calls.append(validation.split_qkv_rmsnorm_rope_mla(**args, **make_cache(args, "combined", generator=g)))
     assert all(c == calls[0] for c in calls) and len({hash(c) for c in calls}) == 1
     plan = tiling.mla_plan_for(device, calls[0].shape)
-    assert op_module._constexprs(calls[0], plan) == op_module._constexprs(calls[-1], plan)
+    assert op_module.constexprs(calls[0], plan) == op_module.constexprs(calls[-1], plan)
     listed = _do_not_specialize()
     if listed is not None:  # (triton-ascend 3.2's interpreter keeps no decorator arguments)
         assert {"num_tokens", "max_position"} <= listed
@@ -416,7 +416,7 @@ def test_call_and_constexprs_do_not_depend_on_the_token_count(device):
 def _do_not_specialize() -> set | None:
     """The kernel's arguments Triton does not specialise on (compiled: the JIT function's list;
     interpreted: the decorator's keyword arguments, where the interpreter keeps them; else None)."""
-    kernel = op_module._mla_kernel
+    kernel = op_module.mla_kernel
     if hasattr(kernel, "do_not_specialize"):
         listed = kernel.do_not_specialize
     elif hasattr(kernel, "kwargs"):
@@ -431,7 +431,7 @@ COMPILED = torch.cuda.is_available() and not settings.triton_interpret()
 
 @pytest.mark.skipif(not COMPILED, reason="needs a GPU without the interpreter")
 def test_no_recompile_per_batch_size(device):
-    kernel = op_module._mla_kernel
+    kernel = op_module.mla_kernel
 
     def compiled() -> int:
         caches = getattr(kernel, "device_caches", None)
