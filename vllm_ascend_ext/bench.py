@@ -83,7 +83,9 @@ COPY_BAR_SMALL_TOKENS = 256
 OP = "split_qkv_rmsnorm_rope"
 KV_OP = "split_qkv_rmsnorm_rope_kv_cache"
 KV_PROVIDERS = ("ours_kv", "ours+scatter", "ours", "copy_kv")
-OPS = {OP: PROVIDERS, KV_OP: KV_PROVIDERS}
+MLA_OP = "split_qkv_rmsnorm_rope_mla"  # issue 30: its run is vllm_ascend_ext.bench_mla.run_mla
+MLA_PROVIDERS = ("ours", "vllm", "copy")
+OPS = {OP: PROVIDERS, KV_OP: KV_PROVIDERS, MLA_OP: MLA_PROVIDERS}
 #: Providers whose outputs are checked against the float64 reference (``check_rows``).
 CHECKED_PROVIDERS = ("ours", "ours_kv", "ours+scatter", "ours_tp")
 #: The KV-cache run: block size of its ``nhd`` bf16 caches, and calls captured in one graph for
@@ -170,17 +172,17 @@ def default_providers(device_type: str, op: str = OP) -> tuple[str, ...]:
     device_type : str
         ``"cuda"``, ``"npu"`` or ``"cpu"``.
     op : str
-        :data:`OP` or :data:`KV_OP`.
+        A key of :data:`OPS`.
 
     Returns
     -------
     tuple of str
         For :data:`OP`, all of :data:`PROVIDERS` on an accelerator; on ``"cpu"`` eager and ours
         (Inductor's CPU compile of every shape would take minutes and time nothing that matters).
-        For :data:`KV_OP`, all of :data:`KV_PROVIDERS` everywhere.
+        For any other op (:data:`KV_OP`, :data:`MLA_OP`), all of its providers everywhere.
     """
-    if op == KV_OP:
-        return KV_PROVIDERS
+    if op != OP:
+        return OPS[op]
     return ("eager", "ours") if device_type == "cpu" else PROVIDERS
 
 
@@ -324,6 +326,9 @@ def _max_rel_err(outputs, reference) -> float:
     return err
 
 
+max_rel_err = _max_rel_err  # the public name (vllm_ascend_ext.bench_mla)
+
+
 class _Timer:
     """Times one zero-argument callable on a device: microseconds per call."""
 
@@ -367,6 +372,9 @@ class _Timer:
         return statistics.median(times)
 
 
+Timer = _Timer  # the public name (vllm_ascend_ext.bench_mla times with it)
+
+
 def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write) of a 1 GiB buffer (CUDA/NPU).
 
@@ -392,16 +400,16 @@ COPY_CONFIGS = ((2048, 4), (8192, 8))
 TIMINGS_PER_ROW = len(COPY_CONFIGS)
 
 
-def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
+def copy_replay(device: torch.device, timer: _Timer, nbytes: int, calls: int = 1) -> float:
     """Microseconds of a plain Triton copy of ``nbytes`` (half read, half written), timed like
     every provider: launch, ramp-up and tail included, so a row can be held against what a
-    kernel moving the same bytes reaches (CUDA/NPU; NaN on CPU)."""
+    kernel moving the same bytes reaches (CUDA/NPU; NaN on CPU); ``calls`` as :class:`_Timer`'s."""
     if device.type == "cpu":
         return float("nan")
     n = max(1, nbytes // 4)  # int16 elements: n read and n written
     src = torch.zeros(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
-    return min(timer(functools.partial(_triton_copy, src, dst, block, warps))
+    return min(timer(functools.partial(_triton_copy, src, dst, block, warps), calls)
                for block, warps in COPY_CONFIGS)
 
 
@@ -537,12 +545,18 @@ def _checked_providers(providers, known: tuple[str, ...]) -> tuple[str, ...]:
     return providers
 
 
+checked_tokens, checked_providers = _checked_tokens, _checked_providers  # public names (bench_mla)
+
+
 def _meta(device: torch.device, op: str) -> dict:
     from vllm_ascend_ext.ops import settings
 
     return {"op": op, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
             "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
             "interpreter": settings.triton_interpret()}
+
+
+run_meta = _meta  # the public name (vllm_ascend_ext.bench_mla)
 
 
 def run(device: torch.device, tokens=None, providers=None, geometries=None,
