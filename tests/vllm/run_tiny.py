@@ -9,8 +9,9 @@ token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weight
 two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
 "logprobs": [...], "prompt_logprobs": [...], "top_logprobs": [{token: logprob}, ...]}, ...],
 "fused_op_calls": N, "fused_op_variants": {label: calls}, "kv_cache_op_calls": K,
-"kv_cache_op_variants": {label: calls}}`` (the executions while generating of the fused op and
-of the fused op with the KV-cache write, :func:`_count_fused_calls`).
+"kv_cache_op_variants": {label: calls}, "mla_op_calls": {kind: calls}}`` (the executions while
+generating of the fused op and of the fused op with the KV-cache write, :func:`_count_fused_calls`,
+and of the MLA ops, :func:`_count_mla_calls`).
 Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
 ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
 
