@@ -116,6 +116,7 @@ __all__ = [
     "validate_fake",
     "validate_kv_cache_fake",
     "value_cache_of",
+    "already_defined",
 ]
 
 def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
@@ -259,13 +260,13 @@ def _register() -> torch.library.Library:
     return lib
 
 
-def _already_defined(name: str) -> bool:
+def already_defined(name: str) -> bool:
     return hasattr(getattr(torch.ops, NAMESPACE), name)
 
 
 # Module import happens once per process; the guard keeps an importlib.reload (or a second copy
 # of the package on sys.path) from redefining the schema.
-_LIBRARY = None if _already_defined(OP_NAME) else _register()
+_LIBRARY = None if already_defined(OP_NAME) else _register()
 
 
 def functional_op():

@@ -184,7 +184,7 @@ def deepseek_rope(positions, query, key, cos_sin_cache, is_neox: bool):
 def _rope(geo: MLAGeometry):
     if geo.rope == "deepseek":
         return lambda positions, q, k, cache: deepseek_rope(positions, q, k, cache, geo.is_neox)
-    from .fusion import native_rope
+    from .forms import native_rope
 
     return lambda positions, q, k, cache: native_rope(positions, q, k, cache, geo.rope_dim, geo.rope_dim,
                                                       geo.is_neox)
@@ -192,7 +192,7 @@ def _rope(geo: MLAGeometry):
 
 def _norm_forms() -> list:
     """The RMSNorm spellings matched: native always; vLLM IR's and torch_npu's when loaded."""
-    from .fusion import NATIVE_NORM, ascend_ops, npu_forms, vllm_ir_norm_forms
+    from .forms import NATIVE_NORM, ascend_ops, npu_forms, vllm_ir_norm_forms
 
     forms = [NATIVE_NORM, *(f for f in vllm_ir_norm_forms() if f.weight_offset == 0.0)]
     forms += [f for f in npu_forms(ascend_ops())[0] if f.weight_offset == 0.0]
@@ -261,7 +261,7 @@ def _glue_impl(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lo
 
 def _glue_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
                eps=1e-6, *, is_neox=False, layer_name=None, kv_cache_dtype="auto", k_scale=None):
-    q_c, kv_c, k_pe = mla_ops._mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
+    q_c, kv_c, k_pe = mla_ops.mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
                                         kv_lora_rank, rope_dim, eps, is_neox=is_neox)
     return q_c, kv_c, k_pe, qkv_lora.new_empty(0)
 
@@ -354,7 +354,7 @@ class MLAFusion:
         return self._update_op
 
     def _build(self, geometries) -> pm.PatternMatcherPass:
-        from .fusion import _fake_mode, _trace
+        from .forms import fake_mode, trace
 
         forms = _norm_forms()
         key = (geometries, tuple(f.name for f in forms), self._dtypes)
@@ -362,14 +362,14 @@ class MLAFusion:
             return self._patterns
         patterns = pm.PatternMatcherPass(pass_name="vllm_ascend_ext_mla_fusion")
         self._geometry_of = {}
-        with _fake_mode():
+        with fake_mode():
             for geo in geometries:
                 for norm in forms:
                     for dtype in self._dtypes:
                         search = _search_fn(geo, norm)
                         before = {id(e) for entries in patterns.patterns.values() for e in entries}
                         # The replacement is done by hand (module notes): the search as its own.
-                        pm.register_replacement(search, search, _example_inputs(geo, dtype), _trace, patterns,
+                        pm.register_replacement(search, search, _example_inputs(geo, dtype), trace, patterns,
                                                 skip_duplicates=True)
                         for entries in patterns.patterns.values():
                             for entry in entries:

@@ -38,7 +38,7 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
 Each op has a fake implementation that runs the op's one validator
 (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope_mla`,
 :func:`~vllm_ascend_ext.ops.validation.mla_q_rope_`) on the traced example's sizes (symbolic sizes
-through :func:`vllm_ascend_ext.custom_ops._traced_example`), so a call the real op refuses is
+through :func:`vllm_ascend_ext.schema.traced_example`), so a call the real op refuses is
 refused while tracing, with the same ``ValueError``. The real implementations (CPU, CUDA,
 PrivateUse1) call the Triton ops; nothing here synchronises the host.
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import torch
 
-from . import custom_ops
+from . import custom_ops, schema
 from .ops import validation
 
 __all__ = ["MLA_OP_NAME", "MLA_SCHEMA", "Q_ROPE_OP_NAME", "Q_ROPE_SCHEMA", "cache_argument", "mla_op",
@@ -117,7 +117,7 @@ def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, position
     ValueError
         As the validator does, naming the argument.
     """
-    ex = custom_ops._traced_example
+    ex = schema.traced_example
     cache = cache_argument(ex(kv_cache), ex(rope_cache), split_cache)
     return validation.split_qkv_rmsnorm_rope_mla(
         ex(qkv_lora), ex(q_a_weight), ex(kv_a_weight), ex(cos_sin_cache), ex(positions), q_lora_rank, kv_lora_rank,
@@ -125,7 +125,7 @@ def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, position
         kv_cache_dtype=kv_cache_dtype, k_scale=ex(k_scale), cache_layout=cache_layout)
 
 
-def _mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
+def mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
               eps=1e-6, **keywords):
     shape = validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
                               kv_lora_rank, rope_dim, eps, **keywords).shape
@@ -143,15 +143,15 @@ def _q_rope_impl(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
 
 
 def _q_rope_fake(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
-    ex = custom_ops._traced_example
+    ex = schema.traced_example
     validation.mla_q_rope_(ex(q), ex(cos_sin_cache), ex(positions), rope_dim, is_neox=is_neox)
 
 
 def _register() -> torch.library.Library:
     lib = torch.library.Library(custom_ops.NAMESPACE, "FRAGMENT")
-    for name, schema, real, fake in ((MLA_OP_NAME, MLA_SCHEMA, _mla_impl, _mla_fake),
+    for name, op_schema, real, fake in ((MLA_OP_NAME, MLA_SCHEMA, _mla_impl, mla_fake),
                                      (Q_ROPE_OP_NAME, Q_ROPE_SCHEMA, _q_rope_impl, _q_rope_fake)):
-        lib.define(schema)
+        lib.define(op_schema)
         for key in custom_ops.DISPATCH_KEYS:
             lib.impl(name, real, key)
         torch.library.register_fake(f"{custom_ops.NAMESPACE}::{name}", fake, lib=lib)
@@ -159,7 +159,7 @@ def _register() -> torch.library.Library:
 
 
 # Once per process (a reload or a second copy of the package must not redefine the schemas).
-_LIBRARY = None if custom_ops._already_defined(MLA_OP_NAME) else _register()
+_LIBRARY = None if custom_ops.already_defined(MLA_OP_NAME) else _register()
 
 
 def mla_op():
