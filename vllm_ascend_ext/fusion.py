@@ -113,7 +113,8 @@ import torch._inductor.pattern_matcher as pm
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from . import custom_ops
-from .forms import (RESHAPE_OPS, AscendOps, NormForm, RopeForm, ascend_ops, available_forms, canonicalize_reshapes,
+from .forms import (NATIVE_GEMMA_NORM, NATIVE_MROPE, NATIVE_NORM, NATIVE_ROPE, RESHAPE_OPS, AscendOps, NormForm,
+                    RopeForm, ascend_ops, available_forms, canonicalize_reshapes,
                     example_inputs, fake_mode, lookup_op, merge_duplicate_views, native_gemma_rms_norm, native_mrope,
                     native_rms_norm, native_rope, native_weightless, npu_forms, trace, trace_aot, trace_views)
 from .ops.models import AttentionGeometry
@@ -124,6 +125,10 @@ __all__ = [
     "KV_OFF_FORMAT",
     "KV_REFUSED_FORMAT",
     "LOG_FORMAT",
+    "NATIVE_GEMMA_NORM",
+    "NATIVE_MROPE",
+    "NATIVE_NORM",
+    "NATIVE_ROPE",
     "AscendOps",
     "NormForm",
     "QKNormRoPEFusionPass",
