@@ -240,7 +240,8 @@ def test_bf16_plugin_on_close_to_off(runs, model):
 
 
 def test_models_table_is_tiny():
-    assert set(MODELS) == set(EXPECTED)
+    mla = {"deepseek_v2", "deepseek_v2_lite"}  # tests/vllm/test_mla_e2e.py runs these
+    assert set(MODELS) == set(EXPECTED) | mla
     for config in MODELS.values():
         text = config.get("text_config", config)
         assert text["num_hidden_layers"] <= 4 and text["hidden_size"] <= 256
