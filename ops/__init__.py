@@ -14,7 +14,11 @@ import importlib
 import sys
 import types
 
-__all__ = ["split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_tp_rmsnorm_rope"]
+__all__ = ["mla_q_rope_", "split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_rmsnorm_rope_mla",
+           "split_qkv_tp_rmsnorm_rope"]
+
+#: Ops that live in another op's module (the variant of its kernel): name -> module.
+_HOME = {"mla_q_rope_": "split_qkv_rmsnorm_rope_mla"}
 
 
 class _OpsPackage(types.ModuleType):
@@ -22,6 +26,9 @@ class _OpsPackage(types.ModuleType):
         if name in __all__ and isinstance(value, types.ModuleType):
             value = getattr(value, name)
         super().__setattr__(name, value)
+        for op, home in _HOME.items():  # bound with their module's op
+            if name == home:
+                super().__setattr__(op, getattr(sys.modules[f"{__name__}.{home}"], op))
 
 
 sys.modules[__name__].__class__ = _OpsPackage
@@ -29,6 +36,6 @@ sys.modules[__name__].__class__ = _OpsPackage
 
 def __getattr__(name):
     if name in __all__:
-        importlib.import_module(f".{name}", __name__)  # binds the op's name (see the class above)
+        importlib.import_module(f".{_HOME.get(name, name)}", __name__)  # binds the op's name (see the class above)
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

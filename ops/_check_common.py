@@ -109,3 +109,52 @@ def kv_cache_call(geometry, dtype: str, cos_sin_dtype: str, *, layout: str, cach
         mrope_section=geometry.mrope_section, mrope_interleaved=geometry.mrope_interleaved,
         q_gate=geometry.q_gate, v_norm=geometry.v_norm)
 
+
+
+def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool = False, form: str | None = None,
+             layout: str = "nd", kv_cache_dtype: str = "auto", storage: str | None = None, is_neox: bool | None = None,
+             rope_dim: int | None = None):
+    """The :class:`~.validation.MLACall` of one MLA call on ``spec`` (an ``ops.models.MLASpec``),
+    validated by the op's own validator on ``meta`` tensors: ``q_side``, ``mla_q_rope_`` on
+    ``[1, heads, nope + rope]``; else ``split_qkv_rmsnorm_rope_mla``, with the cache ``form``
+    (``None``: none; ``"combined"``: vLLM's ``[4, 16, Lkv + R]``; ``"split"``: the pair in
+    ``layout``) of ``kv_cache_dtype``, the cache's element type ``storage`` (a key of
+    :data:`TRITON_DTYPES`, or ``"uint8"``; default: ``dtype``, int8 for ``"int8"``'s latent, uint8
+    for ``"fp8"``). ``is_neox`` and ``rope_dim`` override the spec's."""
+    import torch
+
+    from . import validation
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                   "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn, "uint8": torch.uint8}
+
+    def meta(shape, dt):
+        return torch.empty(shape, dtype=torch_dtype[dt], device="meta")
+
+    r = spec.rope_dim if rope_dim is None else rope_dim
+    neox = spec.is_neox if is_neox is None else is_neox
+    cos = meta((4096, r), cos_sin_dtype) if r else None
+    positions = meta((1,), "fp32").to(torch.int64) if r else None
+    if q_side:
+        return validation.mla_q_rope_(meta((1, heads, spec.nope_dim + r), dtype), cos, positions, r, is_neox=neox)
+    lq, lkv = spec.q_lora_rank, spec.kv_lora_rank
+    kv_cache = slots = scale = None
+    if form is not None:
+        latent = storage or {"auto": dtype, "int8": "int8"}.get(kv_cache_dtype, "uint8")
+        blocks, block_size = 4, 16
+        if form == "combined":
+            kv_cache = meta((blocks, block_size, lkv + r), latent)
+        else:
+            def one(lanes, dt):
+                if layout == "nd":
+                    return meta((blocks, block_size, 1, lanes), dt)
+                c0 = 32 // torch.empty((), dtype=torch_dtype[dt]).element_size()
+                return meta((blocks, lanes // c0, block_size, c0), dt)
+            kv_cache = (one(lkv, latent), one(r, dtype) if r else None)
+        slots = meta((1,), "fp32").to(torch.int64)
+        if kv_cache_dtype != "auto":
+            scale = meta((1,), "fp32")
+    return validation.split_qkv_rmsnorm_rope_mla(
+        meta((1, lq + lkv + r), dtype), meta((lq,), dtype) if lq else None, meta((lkv,), dtype), cos, positions,
+        lq, lkv, r, spec.eps, is_neox=neox, kv_cache=kv_cache, slot_mapping=slots, kv_cache_dtype=kv_cache_dtype,
+        k_scale=scale, cache_layout=layout)

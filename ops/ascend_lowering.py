@@ -51,10 +51,11 @@ import sys
 import traceback
 from dataclasses import dataclass, replace
 
-from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
+from ._check_common import (TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, mla_call,
+                            refuse_interpreted_kernel)
 from . import settings
 from .device import ascend_facts
-from .models import TP_SIZES, geometry_table, model
+from .models import MLA_MODELS, TP_SIZES, MLASpec, geometry_table, mla_model, model
 from .tiling import KernelShape, ascend
 
 _ALLOC = re.compile(r"(%[\w.]+) = memref\.alloc\(\)[^:]*: memref<([^>]*)>")
@@ -235,42 +236,45 @@ _ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
 def _kernel(geometry, variant: Variant, facts):
     """The shape, plan, signature and constexprs one geometry and variant compile with (a KV
     variant's as the op's validator makes them: :func:`~._check_common.kv_cache_call`)."""
-    from .split_qkv_rmsnorm_rope import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import constexprs, signature
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     if variant.sums:
-        from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+        from .split_qkv_tp_rmsnorm_rope import sums_constexprs, sums_kernel, sums_signature
 
         shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
         plan = ascend.sums_plan(shape, facts)
-        return shape, plan, in_argument_order(_sums_kernel, _sums_signature(variant.dtype)), \
-            _sums_constexprs(shape, plan)
+        return shape, plan, in_argument_order(sums_kernel, sums_signature(variant.dtype)), \
+            sums_constexprs(shape, plan)
     q_norm = geometry.qk_norm if variant.q_norm is None else variant.q_norm
     k_norm = geometry.qk_norm or variant.q_norm is False
     kv = variant.kv
     if kv is None:
         shape = KernelShape.of(geometry, _ELEM[variant.dtype], _ELEM[variant.cache_dtype])
         plan = ascend.plan(shape, facts)
-        constants = _constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
+        constants = constexprs(shape, plan, q_norm=q_norm, k_norm=k_norm,
                                 q_bias=variant.bias and q_norm, k_bias=variant.bias and k_norm,
                                 mrope_section=geometry.mrope_section,
                                 mrope_interleaved=geometry.mrope_interleaved)
-        return shape, plan, in_argument_order(kernel, _signature(variant.dtype, variant.cache_dtype)), constants
+        return shape, plan, in_argument_order(kernel, signature(variant.dtype, variant.cache_dtype)), constants
     cache_dtype = "int8" if kv.int8 else variant.dtype
     call = kv_cache_call(geometry, variant.dtype, variant.cache_dtype, layout=kv.layout, cache_dtype=cache_dtype,
                          per_channel=kv.per_channel, return_kv=kv.return_kv, q_norm=q_norm, k_norm=k_norm,
                          bias=variant.bias)
     plan = ascend.plan(call.shape, facts)
-    constants = _constexprs(call.shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+    constants = constexprs(call.shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
                             k_bias=call.k_bias, mrope_section=call.mrope_section,
                             mrope_interleaved=call.mrope_interleaved, kv_cache=call.kv_cache)
-    signature = _signature(variant.dtype, variant.cache_dtype, TRITON_DTYPES[cache_dtype])
+    signature = signature(variant.dtype, variant.cache_dtype, TRITON_DTYPES[cache_dtype])
     return call.shape, plan, in_argument_order(kernel, signature), constants
 
 
 def _job_key(geometry, variant: Variant | None, facts) -> tuple:
     """What decides the lowered kernel: signature and constexprs (so table rows with the same
     per-rank geometry share one lowering)."""
+    if isinstance(variant, MLAVariant):
+        _, _, signature, constants = _mla_kernel_of(geometry, variant, facts)
+        return ("mla",) + tuple(signature.items()), tuple(sorted(constants.items()))
     _, _, signature, constants = _kernel(geometry, variant or Variant(""), facts)
     return tuple(signature.items()), tuple(sorted(constants.items()))
 
@@ -278,14 +282,23 @@ def _job_key(geometry, variant: Variant | None, facts) -> tuple:
 def lower_plan(geometry, variant: Variant | None, facts) -> dict:
     """Plan and lower one geometry (with an optional feature variant) for the NPU of ``facts``
     (:class:`~.device.AscendFacts`); return the report row."""
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
-    from .split_qkv_tp_rmsnorm_rope import _sums_kernel
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel
+    from .split_qkv_tp_rmsnorm_rope import sums_kernel
 
     variant = variant or Variant("")
-    shape, plan, signature, constants = _kernel(geometry, variant, facts)
-    # The sums kernel's one output is the [T, 2] sums; the prologue kernel reads them.
-    outputs, caches = (("sums_ptr",), ()) if variant.sums else (_OUTPUTS, _CACHES)
-    linalg = _lower(_sums_kernel if variant.sums else kernel, signature, constants, facts.soc)
+    if isinstance(variant, MLAVariant):
+        shape, plan, signature, constants = _mla_kernel_of(geometry, variant, facts)
+        # The q side rotates q in place: x_ptr is its input and its output (read by design).
+        outputs = ("x_ptr",) if variant.q_side else _MLA_OUTPUTS
+        caches = () if variant.q_side else _MLA_CACHES
+        fn = mla_kernel
+    else:
+        shape, plan, signature, constants = _kernel(geometry, variant, facts)
+        # The sums kernel's one output is the [T, 2] sums; the prologue kernel reads them.
+        outputs, caches = (("sums_ptr",), ()) if variant.sums else (_OUTPUTS, _CACHES)
+        fn = sums_kernel if variant.sums else kernel
+    linalg = _lower(fn, signature, constants, facts.soc)
     # The lowered function takes two leading runtime arguments, then the kernel's in order (the
     # constants dropped); checked against the types it declares.
     runtime = [name for name in signature if name not in constants]
@@ -299,10 +312,11 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
         "model_gm": plan.ub_bytes_from("gm"), "model": plan.ub_bytes,
         "model_exact": sum(b.nbytes for b in plan.ub_buffers if b.source == "gm" and not b.worst_case),
         "capacity": plan.ub_capacity,
-        "output_reads": sum(accesses["read", name] for name in outputs + caches),
+        "output_reads": sum(accesses["read", name] for name in outputs + caches
+                            if not (isinstance(variant, MLAVariant) and variant.q_side)),
         "output_element_stores": sum(accesses["element store", name] for name in outputs),
         "cache_element_stores": (sum(accesses["element store", name] for name in caches)
-                                 if shape.kv_cache and not variant.sums else None),
+                                 if shape.kv_cache and not getattr(variant, "sums", False) else None),
     }
     problems = []
     if ir_bytes > row["model_gm"]:
@@ -322,10 +336,12 @@ def lower_plan(geometry, variant: Variant | None, facts) -> dict:
     return row
 
 
-def plan_jobs(kv_only: bool = False) -> list[tuple[str, object, Variant | None]]:
+def plan_jobs(kv_only: bool = False, mla_only: bool = False) -> list[tuple[str, object, Variant | None]]:
     """``(label, geometry, variant)`` of every plan the check lowers: the table's rows and
-    :data:`VARIANTS`, then the KV-cache write's (:data:`KV_TABLE_MODELS`, :data:`KV_FAMILIES`);
-    ``kv_only``: the latter alone."""
+    :data:`VARIANTS`, then the KV-cache write's (:data:`KV_TABLE_MODELS`, :data:`KV_FAMILIES`),
+    then MLA's (:func:`mla_jobs`); ``kv_only`` / ``mla_only``: the KV-cache write's / MLA's alone."""
+    if mla_only:
+        return mla_jobs()
     def at_tp1(v: Variant):
         geometry = model(v.base).shard(1)
         return geometry if v.is_neox is None else replace(geometry, is_neox=v.is_neox)
@@ -344,7 +360,91 @@ def plan_jobs(kv_only: bool = False) -> list[tuple[str, object, Variant | None]]
     for v in KV_FAMILIES:
         jobs += [(f"{v.base} tp1 [{', '.join(filter(None, (v.name, kv.name)))}]", at_tp1(v), replace(v, kv=kv))
                  for kv in KV_COVER]
+    if not kv_only:
+        jobs += mla_jobs()
     return jobs
+
+
+# --------------------------------------------------------------------------------------------
+# MLA (issue 30): split_qkv_rmsnorm_rope_mla and its q side, mla_q_rope_.
+
+_MLA_OUTPUTS = ("q_c_ptr", "kv_c_ptr", "k_pe_ptr")
+_MLA_CACHES = ("nope_cache_ptr", "rope_cache_ptr")
+
+
+@dataclass(frozen=True)
+class MLAVariant:
+    """An MLA kernel lowered for a :class:`MLARow`: the q side (``mla_q_rope_``) or the prologue
+    with the cache ``form`` (``None``, ``"combined"``, ``"split"`` in ``layout``) of
+    ``kv_cache_dtype``, in ``dtype`` with a ``cos_dtype`` cos/sin cache; ``is_neox`` / ``no_rope``
+    override the model's rotary style / drop its RoPE (Kimi-K3's form)."""
+
+    name: str
+    q_side: bool = False
+    dtype: str = "bf16"
+    cos_dtype: str = "fp32"
+    form: str | None = None
+    layout: str = "nd"
+    kv_cache_dtype: str = "auto"
+    is_neox: bool | None = None
+    no_rope: bool = False
+
+
+@dataclass(frozen=True)
+class MLARow:
+    """A row of the MLA table as the check lowers it: the model and its q heads on one rank."""
+
+    spec: MLASpec
+    heads: int
+
+    @property
+    def label(self) -> str:
+        s = self.spec
+        return f"MLA {s.q_lora_rank}/{s.kv_lora_rank}/{s.rope_dim}, q {self.heads}x{s.q_head_dim}"
+
+
+#: The prologue's forms lowered on every MLA model (its geometry does not depend on the TP size:
+#: the latent is replicated): no cache, vLLM's combined cache, vllm-ascend's split pair in ND and
+#: NZ, and the NZ pair with an int8 latent. fp8 is not lowered: triton-ascend 3.2 has no fp8 type.
+MLA_FORMS = (MLAVariant(""), MLAVariant("kv combined", form="combined"), MLAVariant("kv split nd", form="split"),
+             MLAVariant("kv split nz", form="split", layout="nz"),
+             MLAVariant("kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"))
+#: ... and on DeepSeek-V3 the variants the table's bf16 GPT-J rows do not reach.
+MLA_EXTRA = (MLAVariant("neox", is_neox=True), MLAVariant("fp16, bf16 cos/sin", dtype="fp16", cos_dtype="bf16"),
+             MLAVariant("fp32, kv split nz", dtype="fp32", form="split", layout="nz"),
+             MLAVariant("no rope, kv combined", no_rope=True, form="combined"),
+             MLAVariant("q side neox fp16", q_side=True, dtype="fp16", is_neox=True))
+
+
+def mla_jobs() -> list[tuple[str, MLARow, MLAVariant]]:
+    """The MLA plans the check lowers: each model's prologue in :data:`MLA_FORMS` (once: the same at
+    every TP size), its q side at each TP size (the heads shard), and :data:`MLA_EXTRA` on
+    DeepSeek-V3 at TP 1."""
+    jobs: list = []
+    for spec in MLA_MODELS:
+        whole = MLARow(spec, spec.heads_at(1))
+        jobs += [(f"{spec.name} tp* [mla{', ' + v.name if v.name else ''}]", whole, v) for v in MLA_FORMS]
+        jobs += [(f"{spec.name} tp{tp} [mla q side]", MLARow(spec, spec.heads_at(tp)), MLAVariant("q", q_side=True))
+                 for tp in spec.tp_sizes]
+    v3 = mla_model("DeepSeek-V3")
+    jobs += [(f"DeepSeek-V3 tp1 [mla {v.name}]", MLARow(v3, v3.heads_at(1)), v) for v in MLA_EXTRA]
+    return jobs
+
+
+def _mla_kernel_of(row: MLARow, variant: MLAVariant, facts):
+    """The shape, plan, signature and constexprs of one MLA row and variant, as the op's validator
+    configures them (:func:`~._check_common.mla_call`)."""
+    from .split_qkv_rmsnorm_rope_mla import constexprs, signature
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel as kernel
+
+    call = mla_call(row.spec, row.heads, variant.dtype, variant.cos_dtype, q_side=variant.q_side, form=variant.form,
+                    layout=variant.layout, kv_cache_dtype=variant.kv_cache_dtype, is_neox=variant.is_neox,
+                    rope_dim=0 if variant.no_rope else None)
+    plan = ascend.mla_plan(call.shape, facts)
+    nope = "int8" if variant.kv_cache_dtype == "int8" else variant.dtype
+    signature = signature(TRITON_DTYPES[variant.dtype], TRITON_DTYPES[variant.cos_dtype], TRITON_DTYPES[nope],
+                           TRITON_DTYPES[variant.dtype])
+    return call.shape, plan, in_argument_order(kernel, signature), constexprs(call, plan)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     parser.add_argument("--kv-only", action="store_true",
                         help="lower the KV-cache write's plans only (split_qkv_rmsnorm_rope_kv_cache)")
+    parser.add_argument("--mla-only", action="store_true",
+                        help="lower the MLA plans only (split_qkv_rmsnorm_rope_mla, mla_q_rope_)")
     args = parser.parse_args(argv)
     if args.soc:
         os.environ[settings.SOC] = args.soc
@@ -370,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         print("triton-ascend is not installed in this environment (pip install triton-ascend==3.2.0 "
               "pybind11 in a venv of its own)", file=sys.stderr)
         return 2
-    jobs = plan_jobs(kv_only=args.kv_only)
+    jobs = plan_jobs(kv_only=args.kv_only, mla_only=args.mla_only)
     print(f"target {facts.soc}: {facts.num_vector_cores} vector cores, UB {facts.ub_bytes} B ({facts.source})")
     print(f"{'plan':58} {'geometry':40} {'BT':>3} {'BH':>3} {'IR allocs':>10} {'model gm':>9} "
           f"{'model':>7} {'cap':>7} {'elem st':>7}  status")

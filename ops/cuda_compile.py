@@ -6,7 +6,7 @@ Run with upstream Triton (no GPU needed; Triton's CUDA backend goes as far as PT
 
 The Triton interpreter runs the kernel's Python, not the compiler, so it cannot see what only
 compiling shows: a type error in a branch, or a tile whose loads fell apart into 2-byte accesses
-(which cost up to 2x on the H200, ``docs/perf-notes.md``). For each model of ``ops/models.py``
+(which cost up to 2x on the H200, ``docs/performance.md``). For each model of ``ops/models.py``
 at each TP size it runs at this builds both CUDA plans (large and small-batch), compiles the
 kernel with the divisibility hints a real launch gets (pointers and row strides divisible by 16),
 and requires the large plan's tiles to be moved in 16-byte vectors (``ld.global.v4`` /
@@ -21,7 +21,7 @@ too: that is the layout), never narrower; an arm that fell apart into 2-byte acc
 and k move 16 bytes fails even when the rest of the kernel is vectorised. Rows of the table that
 compile to the same kernel are compiled once. It also assembles the
 PTX with Triton's bundled ``ptxas`` and reports registers per thread and spilled bytes:
-registers are what limited occupancy on the H200 (``docs/perf-notes.md``). The count depends on
+registers are what limited occupancy on the H200 (``docs/performance.md``). The count depends on
 the Triton and ptxas versions: with v4's kernel, 16/2/256 R64 read 243 here (Triton 3.7.1) where
 Nsight Compute saw 247 on the H200 (Triton 3.6), and 32/8/128 read 170 here against 128 there;
 read it as a trend.
@@ -56,9 +56,10 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 
-from ._check_common import TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, refuse_interpreted_kernel
+from ._check_common import (TRITON_DTYPES, first_error, in_argument_order, kv_cache_call, mla_call,
+                            refuse_interpreted_kernel)
 from .device import cuda_facts
-from .models import TP_SIZES, geometry_table, model
+from .models import MLA_MODELS, TP_SIZES, geometry_table, model
 from .tiling import KernelShape, cuda
 
 #: Compute capability of the H100/H200 this project measures on.
@@ -124,8 +125,8 @@ def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None,
     (default: its own) gets; with ``kv`` as the cache-write op (validated by the op's own
     validator, :func:`~._check_common.kv_cache_call`); ``kv_plan``: under the plan of the
     cache write's shape (the prologue compared against it)."""
-    from .split_qkv_rmsnorm_rope import _constexprs, _signature
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import constexprs, signature
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     call = None
     shape = KernelShape.of(geometry, 2, 4)
@@ -137,11 +138,11 @@ def _kernel(geometry, small: bool, plan_geometry=None, kv: KVForm | None = None,
     if kv is not None or kv_plan:
         plan_shape = replace(plan_shape, kv_cache=True)
     plan = (cuda.small_batch_plan if small else cuda.plan)(plan_shape, _sm90_facts())
-    constexprs = _constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
+    constexprs = constexprs(shape, plan, q_norm=geometry.qk_norm, k_norm=geometry.qk_norm,
                              q_bias=False, k_bias=False, mrope_section=geometry.mrope_section,
                              mrope_interleaved=geometry.mrope_interleaved,
                              kv_cache=call.kv_cache if call else None)
-    signature = in_argument_order(kernel, _signature("bf16", "fp32", TRITON_DTYPES[kv.cache] if kv else None))
+    signature = in_argument_order(kernel, signature("bf16", "fp32", TRITON_DTYPES[kv.cache] if kv else None))
     return shape, plan, signature, constexprs
 
 
@@ -160,7 +161,7 @@ def compile_plan(geometry, small: bool = False, plan_geometry=None, kv: KVForm |
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .split_qkv_rmsnorm_rope import _split_qkv_rmsnorm_rope_kernel as kernel
+    from .split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope_kernel as kernel
 
     shape, plan, signature, constexprs = _kernel(geometry, small, plan_geometry, kv, kv_plan)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _DIVISIBLE}
@@ -186,15 +187,15 @@ def compile_sums(geometry) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .split_qkv_tp_rmsnorm_rope import _sums_constexprs, _sums_kernel, _sums_signature
+    from .split_qkv_tp_rmsnorm_rope import sums_constexprs, sums_kernel, sums_signature
 
     shape = KernelShape.of(geometry, 2, 4)
     plan = cuda.sums_plan(shape, cuda_facts())
-    signature = in_argument_order(_sums_kernel, _sums_signature("bf16"))
-    constexprs = _sums_constexprs(shape, plan)
+    signature = in_argument_order(sums_kernel, sums_signature("bf16"))
+    constexprs = sums_constexprs(shape, plan)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
              if name in ("qkv_ptr", "sums_ptr", "qkv_stride")}
-    source = ASTSource(_sums_kernel, signature | {name: "constexpr" for name in constexprs},
+    source = ASTSource(sums_kernel, signature | {name: "constexpr" for name in constexprs},
                        constexprs=constexprs, attrs=attrs)
     ptx = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32), options=plan.launch_options).asm["ptx"]
     return {"plan": plan, "v4": len(re.findall(r"ld\.global\.v4", ptx)), **_ptxas_report(ptx)}
@@ -284,11 +285,137 @@ def _cache_store_problems(kv: KVForm, row: dict, without: dict, no_kv_out: dict)
     return f"+{sum(cache.values())} st, {lanes} lanes", problems
 
 
+# --------------------------------------------------------------------------------------------
+# MLA (issue 30): split_qkv_rmsnorm_rope_mla and its q side, mla_q_rope_.
+
+#: Arguments of the MLA kernel a real launch passes divisible by 16: the tensors and the row strides
+#: of the outputs (new contiguous tensors of 1536, 512, 64 lanes) and of the caches, the rope part's
+#: offset in the combined cache (512) and, on the q side, q's head stride (192) and the rope lanes'
+#: column (128), for every model of the MLA table.
+_MLA_DIVISIBLE = ("x_ptr", "q_c_ptr", "kv_c_ptr", "k_pe_ptr", "q_w_ptr", "kv_w_ptr", "cache_ptr", "pos_ptr",
+                  "nope_cache_ptr", "rope_cache_ptr", "slot_ptr", "scale_ptr", "x_stride", "q_c_stride",
+                  "kv_c_stride", "k_pe_stride", "cache_stride", "nope_block_stride", "nope_slot_stride",
+                  "rope_block_stride", "rope_slot_stride", "nope_chunk_stride", "rope_chunk_stride",
+                  "rope_offset", "x_head_stride", "rope_col")
+
+
+@dataclass(frozen=True)
+class MLAForm:
+    """An MLA kernel compiled on a model: the q side, or the prologue with the cache ``form``
+    (``None``, ``"combined"``, ``"split"`` in ``layout``) of ``kv_cache_dtype`` (bf16 activations,
+    fp32 cos/sin)."""
+
+    name: str
+    q_side: bool = False
+    form: str | None = None
+    layout: str = "nd"
+    kv_cache_dtype: str = "auto"
+
+
+#: The prologue's forms (the same kernel at every TP size: the latent is replicated): no cache,
+#: vLLM's combined cache in bf16 and fp8 (float8_e4m3fn storage: a uint8 cache is viewed so), the
+#: split pair in ND bf16 and NZ with an int8 latent.
+MLA_FORMS = (MLAForm("mla"), MLAForm("mla, kv combined", form="combined"),
+             MLAForm("mla, kv combined fp8", form="combined", kv_cache_dtype="fp8"),
+             MLAForm("mla, kv split nd", form="split"),
+             MLAForm("mla, kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"))
+
+
+def mla_jobs() -> list[tuple[str, object, int, MLAForm]]:
+    """``(label, spec, heads, form)``: each model's prologue in :data:`MLA_FORMS`, its q side at
+    each TP size."""
+    jobs = []
+    for spec in MLA_MODELS:
+        jobs += [(f"{spec.name} tp* [{f.name}]", spec, spec.heads_at(1), f) for f in MLA_FORMS]
+        jobs += [(f"{spec.name} tp{tp} [mla q side]", spec, spec.heads_at(tp), MLAForm("q", q_side=True))
+                 for tp in spec.tp_sizes]
+    return jobs
+
+
+def _mla_kernel_of(spec, heads: int, form: MLAForm):
+    from .split_qkv_rmsnorm_rope_mla import constexprs, signature
+    from .split_qkv_rmsnorm_rope_mla import mla_kernel as kernel
+
+    storage = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else None
+    call = mla_call(spec, heads, "bf16", "fp32", q_side=form.q_side, form=form.form, layout=form.layout,
+                    kv_cache_dtype=form.kv_cache_dtype, storage=storage)
+    plan = cuda.mla_plan(call.shape, _sm90_facts())
+    nope = {"auto": "bf16", "int8": "int8", "fp8": "fp8_e4m3"}[form.kv_cache_dtype]
+    rope = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else "bf16"
+    signature = in_argument_order(kernel, signature("bf16", "fp32", TRITON_DTYPES[nope], TRITON_DTYPES[rope]))
+    return kernel, plan, signature, constexprs(call, plan)
+
+
+def compile_mla(spec, heads: int, form: MLAForm) -> dict:
+    """Compile one MLA kernel (bf16, its CUDA plan) to PTX; count its vector accesses, fp8 casts,
+    IEEE divisions, registers and spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel, plan, signature, constexprs = _mla_kernel_of(spec, heads, form)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in _MLA_DIVISIBLE}
+    source = ASTSource(kernel, signature | {name: "constexpr" for name in constexprs}, constexprs=constexprs,
+                       attrs=attrs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", TARGET_ARCH, 32), options=plan.launch_options).asm["ptx"]
+    return {"plan": plan, "v4": len(re.findall(r"(?:ld|st)\.global\.v4", ptx)),
+            "v2": len(re.findall(r"(?:ld|st)\.global\.v2", ptx)),
+            "scalar16": len(re.findall(r"(?:ld|st)\.global\.b16", ptx)),
+            "fp8_cvt": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)),
+            "div_rn": len(re.findall(r"div\.rn\.f32", ptx)), **_ptxas_report(ptx)}
+
+
+def _compile_mla_job(job) -> tuple[dict | None, str | None]:
+    try:
+        return compile_mla(*job), None
+    except Exception as exc:  # noqa: BLE001 - report every failure, then fail the run
+        return None, f"{type(exc).__name__}: {first_error(exc)}"
+
+
+def main_mla(jobs) -> int:
+    """Compile the MLA jobs (:func:`mla_jobs`), print a row each; return how many passed. The
+    tiles must move 16-byte vectors; an fp8 cache must be cast with ``cvt.rn.satfinite.e4m3x2.f32``
+    and a quantised one divide by its scale with ``div.rn.f32``."""
+    work: dict = {}
+    for _, spec, heads, form in jobs:
+        work.setdefault(_mla_key(spec, heads, form), (spec, heads, form))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = dict(zip(work, pool.map(_compile_mla_job, work.values())))
+    ok, seen = 0, {}
+    for label, spec, heads, form in jobs:
+        key = _mla_key(spec, heads, form)
+        row, error = results[key]
+        same = f" (= {seen[key]})" if key in seen else ""
+        seen.setdefault(key, label)
+        if error is not None:
+            print(f"{label:50} {'mla':40} compile failed: {error}{same}")
+            continue
+        problems = [] if row["v4"] else ["no 16-byte accesses"]
+        if form.kv_cache_dtype == "fp8" and not row["fp8_cvt"]:
+            problems.append("no cvt.rn.satfinite.e4m3x2.f32: the fp8 cast is not the saturating one")
+        if form.kv_cache_dtype != "auto" and not row["div_rn"]:
+            problems.append("no div.rn.f32: the division by the scale is not the IEEE one")
+        ok += not problems
+        plan, status = row["plan"], "ok" if not problems else "FAIL: " + "; ".join(problems)
+        geometry = f"MLA {spec.q_lora_rank}/{spec.kv_lora_rank}/{spec.rope_dim}, q {heads}x{spec.q_head_dim}"
+        print(f"{label:50} {geometry:40} {'mla':5} {plan.block_tokens:3d} {plan.block_heads:4d} {'-':>4} "
+              f"{'-':>4} {plan.num_warps:5d} {row['v4']:4d} {row['v2']:4d} {row['scalar16']:4d} {'':>17} "
+              f"{row['registers']:4d} {row['spill_bytes']:5d}  {status}{same}")
+    return ok
+
+
+def _mla_key(spec, heads: int, form: MLAForm) -> tuple:
+    _, plan, signature, constexprs = _mla_kernel_of(spec, heads, form)
+    return tuple(signature.items()), tuple(sorted(constexprs.items())), tuple(sorted(plan.launch_options.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Compile every CUDA plan of the geometry table; exit 1 on any failure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kv-only", action="store_true",
                         help="compile the KV-cache write's plans only (split_qkv_rmsnorm_rope_kv_cache)")
+    parser.add_argument("--mla-only", action="store_true",
+                        help="compile the MLA plans only (split_qkv_rmsnorm_rope_mla, mla_q_rope_)")
     args = parser.parse_args(argv)
     if refuse_interpreted_kernel():
         return 2
@@ -298,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("upstream Triton with its NVIDIA backend is needed (pip install triton)", file=sys.stderr)
         return 2
+    if args.mla_only:
+        jobs = mla_jobs()
+        ok = main_mla(jobs)
+        print(f"compiled {ok}/{len(jobs)} CUDA kernel plans for sm_{TARGET_ARCH} (MLA; to PTX, on the CPU)")
+        return 0 if ok == len(jobs) else 1
     table = geometry_table(TP_SIZES + (16,))  # 16: the rows that run at it (MiniMax-M2)
     jobs = [(f"{name} tp{tp}", geometry, small, None) for name, tp, geometry in table
             for small in (False, True) if not args.kv_only]
@@ -343,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 problems.append("no cvt.rn.satfinite.e4m3x2.f32: the fp8 cast is not the saturating one")
             if kv.cache in ("int8", "fp8_e4m3") and not row["div_rn"]:
                 # y / scale must be IEEE's division: Triton's `/` is div.full.f32 (within 2 ulp),
-                # which put exact fp32 ties on the wrong side (perf-notes v9).
+                # which put exact fp32 ties on the wrong side (docs/performance.md, v9).
                 problems.append("no div.rn.f32: the division by the scale is not the IEEE one")
             if kv.return_kv:
                 without, error = results[_key(geometry, small, kv_plan=True)]
@@ -388,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{plan.num_warps:5d} {row['v4']:4d} {'-':>4} {'-':>4} {'':>17} {row['registers']:4d} "
                   f"{row['spill_bytes']:5d}  {'ok' if ok_row else 'FAIL: no 16-byte loads'}{same}")
     jobs += [label for labels in sums_jobs.values() for label in labels]
+    if not args.kv_only:
+        mla = mla_jobs()
+        ok += main_mla(mla)
+        jobs += [label for label, *_ in mla]
     print("added: global accesses the gate, v and mRoPE rows add to the kernel without them (16-byte ones); "
           "for a cache write returning k and v, the stores it adds to the prologue under its plan and the "
           "lanes each moves per thread (checked against the k/v output stores returning k and v adds)")

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_SOC = settings.DEFAULT_SOC
-#: SMs of the NVIDIA H200 SXM, the lent GPU every CUDA figure in docs/perf-notes.md comes from.
+#: SMs of the NVIDIA H200 SXM, the lent GPU every CUDA figure in docs/performance.md comes from.
 DEFAULT_NUM_SMS = 132
 
 #: Per-SoC defaults: (vector cores, UB bytes per vector core). From CANN's platform

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["CacheStrides", "FLOAT_DTYPES", "LAYOUTS", "QUANT_DTYPES", "QUANT_FP8", "QUANT_INT8",
-           "QUANT_NONE", "cache_strides", "quant_of"]
+           "QUANT_NONE", "cache_strides", "quant_of", "strides_of"]
 
 #: Bytes of one NZ fractal column (``C0`` lanes of the cache dtype).
 NZ_COLUMN_BYTES = 32
@@ -52,7 +52,7 @@ QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 QUANT_DTYPES = {torch.int8: QUANT_INT8, torch.float8_e4m3fn: QUANT_FP8}
 #: Most slots a cache may hold: the kernel divides slots into block and row in 32-bit integers (an
 #: int64 division is a long software sequence on CUDA; it cost the 4/1/128 kernel 22 registers a
-#: thread, CPU ptxas, perf-notes v8).
+#: thread, CPU ptxas, docs/performance.md, v8).
 MAX_SLOTS = 2**31 - 1
 #: Largest magnitudes a quantised value saturates to.
 INT8_MAX, FP8_E4M3_MAX = 127.0, 448.0
@@ -119,6 +119,26 @@ def _strides(name: str, cache: torch.Tensor, layout: str, num_kv_heads: int, hea
         return CacheStrides(block_size=shape[2], block=st[0], slot=st[2], head=st[1])
     return CacheStrides(block_size=shape[2], block=st[0], slot=st[2], head=(head_dim // c0) * st[1],
                         chunk=st[1], chunk_width=c0)
+
+
+def strides_of(name: str, cache: torch.Tensor, layout: str, num_kv_heads: int, head_dim: int) -> CacheStrides:
+    """One cache tensor's strides in ``layout`` (``"nhd"`` or ``"nz"``) for ``num_kv_heads`` heads of
+    ``head_dim`` lanes, checked as :func:`cache_strides` checks a key cache (``name`` in the
+    messages): for caches that are not a key/value pair, such as MLA's latent and rope caches.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``: a wrong shape, a lane dimension that is not contiguous, more than
+        ``MAX_SLOTS`` slots; or ``head_dim`` not a multiple of the NZ column.
+    """
+    if layout not in ("nhd", "nz"):
+        raise ValueError(f"cache_layout must be 'nhd' or 'nz' for {name}, got {layout!r}")
+    strides = _strides(name, cache, layout, num_kv_heads, head_dim)
+    if cache.shape[0] * strides.block_size > MAX_SLOTS:
+        raise ValueError(f"{name} has {cache.shape[0]} blocks of {strides.block_size} slots; at most "
+                         f"{MAX_SLOTS} slots are addressed (32-bit slot arithmetic in the kernel)")
+    return strides
 
 
 def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str, num_kv_heads: int,

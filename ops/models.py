@@ -19,11 +19,15 @@ from dataclasses import dataclass, field, fields
 
 __all__ = [
     "BENCH_GEOMETRIES",
+    "MLA_MODELS",
     "MODELS",
     "TP_SIZES",
     "AttentionGeometry",
+    "MLASpec",
     "ModelSpec",
     "geometry_table",
+    "mla_model",
+    "mla_table",
     "model",
 ]
 
@@ -301,3 +305,61 @@ def geometry_table(tp_sizes: tuple[int, ...] = TP_SIZES) -> list[tuple[str, int,
     """Every ``(model name, tp, geometry)`` of the table at those of the given TP sizes each
     model runs at (``ModelSpec.tp_sizes``)."""
     return [(spec.name, tp, spec.shard(tp)) for spec in MODELS for tp in tp_sizes if tp in spec.tp_sizes]
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """A model's multi-head latent attention prologue (``split_qkv_rmsnorm_rope_mla``, and
+    ``mla_q_rope_`` after ``q_b_proj``), from its ``config.json``: ``q_lora_rank`` (0: no q latent,
+    ``q_proj`` straight from the hidden state), ``kv_lora_rank``, ``qk_rope_head_dim``,
+    ``qk_nope_head_dim``, ``num_attention_heads``, ``rms_norm_eps``; DeepSeek's rotary is GPT-J
+    style (``is_neox_style=False``). Under tensor parallelism the q heads shard (``q_b_proj`` is
+    column-parallel) and the latent does not (``fused_qkv_a_proj`` / ``kv_a_proj_with_mqa`` are
+    replicated): the prologue's geometry is the same at every TP size."""
+
+    name: str
+    q_lora_rank: int
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    num_heads: int
+    eps: float = 1e-6
+    is_neox: bool = False
+    note: str = ""
+    tp_sizes: tuple[int, ...] = TP_SIZES + (16,)
+
+    @property
+    def q_head_dim(self) -> int:
+        """Lanes of one q head after ``q_b_proj``: ``nope_dim + rope_dim``."""
+        return self.nope_dim + self.rope_dim
+
+    def heads_at(self, tp: int) -> int:
+        """q heads one rank holds at tensor-parallel size ``tp`` (``ValueError`` unless it divides)."""
+        if tp < 1 or self.num_heads % tp:
+            raise ValueError(f"tp={tp} does not divide {self.name}'s {self.num_heads} heads")
+        return self.num_heads // tp
+
+
+MLA_MODELS: tuple[MLASpec, ...] = (
+    # deepseek-ai/DeepSeek-V3 config.json: num_attention_heads=128, q_lora_rank=1536,
+    # kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, rms_norm_eps=1e-06 (R1 the same).
+    MLASpec("DeepSeek-V3", 1536, 512, 64, 128, 128, note="also R1, V3.1; q latent 1536 (the widest row we tile)"),
+    # moonshotai/Kimi-K2-Instruct config.json: num_attention_heads=64, the same latent dims.
+    MLASpec("Kimi-K2", 1536, 512, 64, 128, 64, note="DeepSeek-V3's MLA with 64 heads"),
+    # deepseek-ai/DeepSeek-V2-Lite config.json: num_attention_heads=16, q_lora_rank=null,
+    # kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, rms_norm_eps=1e-06.
+    MLASpec("DeepSeek-V2-Lite", 0, 512, 64, 128, 16, note="no q latent (q_proj), no q_a norm"),
+)
+
+
+def mla_model(name: str) -> MLASpec:
+    """The MLA table entry called ``name`` (``ValueError`` listing the names when unknown)."""
+    for spec in MLA_MODELS:
+        if spec.name == name:
+            return spec
+    raise ValueError(f"unknown MLA model {name!r}; known: {', '.join(m.name for m in MLA_MODELS)}")
+
+
+def mla_table() -> list[tuple[str, int, MLASpec, int]]:
+    """Every ``(model name, tp, spec, q heads per rank)`` of the MLA table at the TP sizes each runs at."""
+    return [(spec.name, tp, spec, spec.heads_at(tp)) for spec in MLA_MODELS for tp in spec.tp_sizes]

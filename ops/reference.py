@@ -12,8 +12,9 @@ import math
 
 import torch
 
-__all__ = ["kv_cache_write", "make_inputs", "make_kv_cache", "make_tp_inputs", "shard_minimax", "shard_minimax_outputs",
-           "split_qkv_rmsnorm_rope", "split_qkv_tp_rmsnorm_rope_full"]
+__all__ = ["kv_cache_write", "make_inputs", "make_kv_cache", "make_mla_cache", "make_mla_inputs", "make_tp_inputs",
+           "mla_cache_write", "mla_q_rope", "shard_minimax", "shard_minimax_outputs", "split_qkv_rmsnorm_rope",
+           "split_qkv_rmsnorm_rope_mla", "split_qkv_tp_rmsnorm_rope_full"]
 
 
 def _lane_axes(half: int, mrope_section, interleaved: bool) -> torch.Tensor:
@@ -368,3 +369,200 @@ def make_tp_inputs(geometry, tokens: int, *, padding: int = 0, device="cpu", dty
     return dict(qkv=args["qkv"], q_weight=weights[0], k_weight=weights[1], cos_sin_cache=args["cos_sin_cache"],
                 positions=args["positions"], num_q_heads=g.num_q_heads, num_kv_heads=g.num_kv_heads,
                 head_dim=g.head_dim, eps=g.eps, is_neox=g.is_neox)
+
+
+# --------------------------------------------------------------------------------------------
+# MLA (split_qkv_rmsnorm_rope_mla, mla_q_rope_): written from issue 30's definition.
+
+def _rotate_last(x: torch.Tensor, cos_sin_cache, positions, rope_dim: int, is_neox: bool) -> torch.Tensor:
+    """float64 ``x`` (``[T, ..., R]``) rotated by the cache rows of the clamped positions: pairs
+    ``(i, i + R/2)`` (NeoX) or ``(2i, 2i + 1)`` (GPT-J), ``(a, b) -> (a*c - b*s, b*c + a*s)``."""
+    half = rope_dim // 2
+    rows = cos_sin_cache.double()[positions.long().clamp(0, cos_sin_cache.shape[0] - 1)]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    cos, sin = rows[:, :half].reshape(shape), rows[:, half:].reshape(shape)
+    if is_neox:
+        first, second = torch.arange(half), torch.arange(half, rope_dim)
+    else:
+        first, second = torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)
+    y = x.clone()
+    y[..., first] = x[..., first] * cos - x[..., second] * sin
+    y[..., second] = x[..., second] * cos + x[..., first] * sin
+    return y
+
+
+def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
+                               kv_lora_rank, rope_dim, eps=1e-6, *, is_neox=False, **cache_arguments):
+    """The outputs of ``split_qkv_rmsnorm_rope_mla`` in float64 (the op's signature; the cache
+    arguments are ignored: :func:`mla_cache_write` gives the cache).
+
+    ``q_c = x / sqrt(mean(x**2) + eps) * q_a_weight`` over the first ``q_lora_rank`` columns (empty
+    when 0), ``kv_c_normed`` likewise over the next ``kv_lora_rank`` with ``kv_a_weight``, ``k_pe``
+    the last ``rope_dim`` columns rotated by the cache row of the clamped position (GPT-J pairs
+    unless ``is_neox``).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        float64 ``q_c [T, Lq]``, ``kv_c_normed [T, Lkv]``, ``k_pe [T, R]``.
+    """
+    x = qkv_lora.double()
+    lq, lkv = q_lora_rank, kv_lora_rank
+
+    def rms(y, w):
+        return y / torch.sqrt((y * y).mean(dim=-1, keepdim=True) + eps) * w.double()
+
+    q_c = rms(x[:, :lq], q_a_weight) if lq else x[:, :0].clone()
+    kv_c = rms(x[:, lq:lq + lkv], kv_a_weight)
+    k_pe = x[:, lq + lkv:lq + lkv + rope_dim].clone()
+    if rope_dim:
+        k_pe = _rotate_last(k_pe, cos_sin_cache, positions, rope_dim, is_neox)
+    return q_c, kv_c, k_pe
+
+
+def mla_q_rope(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
+    """What ``mla_q_rope_`` leaves in ``q`` (``[T, H, D]``), in float64: the last ``rope_dim`` lanes
+    of every head rotated as :func:`split_qkv_rmsnorm_rope_mla` rotates k_pe, the rest unchanged."""
+    y = q.double().clone()
+    y[..., q.shape[2] - rope_dim:] = _rotate_last(y[..., q.shape[2] - rope_dim:], cos_sin_cache, positions,
+                                                  rope_dim, is_neox)
+    return y
+
+
+def _mla_store(values: torch.Tensor, dtype: torch.dtype, kv_cache_dtype: str, k_scale) -> torch.Tensor:
+    """The op's outputs (``values``, in their own dtype) as the cache stores them: cast
+    (``"auto"``), or ``y / k_scale`` in fp32 (IEEE) saturated and rounded half to even, to int8
+    (``"int8"``) or to fp8 e4m3 (``"fp8"``; a uint8 cache gets its bits)."""
+    if kv_cache_dtype == "auto":
+        return values.to(dtype)
+    y = values.float() / k_scale.float().reshape(())
+    if kv_cache_dtype == "int8":
+        return y.clamp(-128, 127).round().to(torch.int8)
+    q = y.clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8) if dtype == torch.uint8 else q
+
+
+def mla_cache_write(kv_cache, kv_c_normed, k_pe, slot_mapping, *, kv_cache_dtype="auto", k_scale=None,
+                    cache_layout="nd"):
+    """What ``split_qkv_rmsnorm_rope_mla`` leaves in the cache, from its outputs ``kv_c_normed`` and
+    ``k_pe`` (as the op returned them: the cache holds the rounded outputs): a copy of the cache
+    (or of the pair) with, for each of the first ``T`` tokens whose slot ``s`` is not negative,
+    block ``b = s // block_size``, row ``o = s % block_size``:
+
+    * combined ``[NB, BS, Lkv + R]``: ``cache[b, o] = store(cat(kv_c_normed[t], k_pe[t]))``;
+    * split, ``"nd"``: ``nope[b, o, 0, :] = store(kv_c_normed[t])``, ``rope[b, o, 0, :] = k_pe[t]``
+      (cast);
+    * split, ``"nz"``: lane ``c`` at ``nope[b, c // C0, o, c % C0]`` (``C0``: 32 bytes of the
+      cache's dtype), likewise ``rope``.
+
+    ``store`` as :func:`_mla_store` (``kv_cache_dtype``); the split form's rope cache is always a cast.
+
+    Returns
+    -------
+    torch.Tensor or tuple of torch.Tensor
+        The cache (or the pair) after the write, in its dtypes.
+    """
+    tokens = kv_c_normed.shape[0]
+    slots = slot_mapping[:tokens].long().cpu()
+    if isinstance(kv_cache, (tuple, list)):
+        results = []
+        for cache, values, how in ((kv_cache[0], kv_c_normed, kv_cache_dtype), (kv_cache[1], k_pe, "auto")):
+            if cache is None:
+                results.append(None)
+                continue
+            result = cache.clone()
+            block_size = result.shape[1] if cache_layout == "nd" else result.shape[2]
+            stored = _mla_store(values, cache.dtype, how, k_scale)
+            c0 = 32 // cache.element_size()
+            for t in range(tokens):
+                s = int(slots[t])
+                if s < 0:
+                    continue
+                b, o = s // block_size, s % block_size
+                for c in range(values.shape[1]):
+                    if cache_layout == "nd":
+                        result[b, o, 0, c] = stored[t, c]
+                    else:
+                        result[b, c // c0, o, c % c0] = stored[t, c]
+            results.append(result)
+        return tuple(results)
+    result = kv_cache.clone()
+    block_size = result.shape[1]
+    stored = _mla_store(torch.cat([kv_c_normed, k_pe], dim=1), kv_cache.dtype, kv_cache_dtype, k_scale)
+    for t in range(tokens):
+        s = int(slots[t])
+        if s >= 0:
+            result[s // block_size, s % block_size] = stored[t]
+    return result
+
+
+def make_mla_inputs(q_lora_rank: int, kv_lora_rank: int, rope_dim: int, tokens: int, *, device="cpu",
+                    dtype=torch.bfloat16, cache_dtype=torch.float32, positions_dtype=torch.int64,
+                    row_padding: int = 0, max_position: int = 97, out_of_range: bool = True, is_neox=False,
+                    eps: float = 1e-6, generator: torch.Generator | None = None) -> dict:
+    """Fresh random arguments of one ``split_qkv_rmsnorm_rope_mla`` call (no cache), as keyword
+    arguments: ``qkv_lora`` (a view with ``row_padding`` extra elements a row), weights around 1
+    (``q_a_weight`` ``None`` with ``q_lora_rank == 0``), a cos/sin cache of random angles (``None``
+    with ``rope_dim == 0``, and positions ``None`` then), positions a few rows out of range."""
+    def randn(*size):
+        return torch.randn(*size, generator=generator)
+
+    width = q_lora_rank + kv_lora_rank + rope_dim
+    qkv = randn(tokens, width + row_padding).to(device=device, dtype=dtype)[:, :width]
+    q_w = (1 + 0.5 * randn(q_lora_rank)).to(device=device, dtype=dtype) if q_lora_rank else None
+    kv_w = (1 + 0.5 * randn(kv_lora_rank)).to(device=device, dtype=dtype)
+    cache = positions = None
+    if rope_dim:
+        angles = torch.rand(max_position, rope_dim // 2, generator=generator, dtype=torch.float64)
+        cache = torch.cat([(2 * math.pi * angles).cos(), (2 * math.pi * angles).sin()], dim=1)
+        cache = cache.to(device=device, dtype=cache_dtype)
+        spill = 3 if out_of_range else 0
+        positions = torch.randint(-spill, max_position + spill, (tokens,), generator=generator)
+        positions = positions.to(device=device, dtype=positions_dtype)
+    return dict(qkv_lora=qkv, q_a_weight=q_w, kv_a_weight=kv_w, cos_sin_cache=cache, positions=positions,
+                q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, eps=eps, is_neox=is_neox)
+
+
+def make_mla_cache(args: dict, *, form: str = "combined", cache_layout: str = "nd", kv_cache_dtype: str = "auto",
+                   dtype=None, block_size: int = 16, padding: int = 2, fill: float = 7.0,
+                   generator: torch.Generator | None = None) -> dict:
+    """Cache-write arguments for the call ``args`` (:func:`make_mla_inputs`): a cache filled with
+    ``fill`` (combined ``[NB, BS, Lkv + R]``, or the split pair in ``cache_layout``) with room to
+    spare, distinct random slots (``padding`` of them -1) and, for ``"fp8"``/``"int8"``, a scale.
+    ``dtype``: the cache's (default: qkv_lora's; ``"fp8"``'s uint8; ``"int8"``'s latent int8).
+
+    Returns
+    -------
+    dict
+        ``kv_cache, slot_mapping, kv_cache_dtype, k_scale, cache_layout``.
+    """
+    qkv = args["qkv_lora"]
+    tokens, lkv, r = qkv.shape[0], args["kv_lora_rank"], args["rope_dim"]
+    num_blocks = max(2, -(-2 * tokens // block_size) + 1)
+    if dtype is None:
+        dtype = {"auto": qkv.dtype, "int8": torch.int8}.get(kv_cache_dtype, torch.uint8)
+    full = torch.full((), fill).to(torch.float8_e4m3fn).view(torch.uint8) if dtype == torch.uint8 else fill
+
+    def cache(lanes: int, dt) -> torch.Tensor:
+        if form == "combined":
+            shape = (num_blocks, block_size, lanes)
+        elif cache_layout == "nd":
+            shape = (num_blocks, block_size, 1, lanes)
+        else:
+            c0 = 32 // torch.empty((), dtype=dt).element_size()
+            shape = (num_blocks, lanes // c0, block_size, c0)
+        return torch.full(shape, full, dtype=torch.float32).to(dt).to(qkv.device) if dt != torch.uint8 else \
+            torch.full(shape, int(full), dtype=dt, device=qkv.device)
+
+    if form == "combined":
+        kv_cache = cache(lkv + r, dtype)
+    else:
+        kv_cache = (cache(lkv, dtype), cache(r, qkv.dtype) if r else None)
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:tokens]
+    if padding:
+        slots[torch.randperm(tokens, generator=generator)[:min(padding, tokens)]] = -1
+    scale = None
+    if kv_cache_dtype != "auto":
+        scale = (0.01 + 0.05 * torch.rand(1, generator=generator)).to(qkv.device)
+    return dict(kv_cache=kv_cache, slot_mapping=slots.to(qkv.device), kv_cache_dtype=kv_cache_dtype, k_scale=scale,
+                cache_layout=cache_layout)

@@ -223,6 +223,12 @@ def impl() -> str:
     return _choice(IMPL, IMPLS) or "auto"
 
 
+def impl_as_set() -> str | None:
+    """``VLLM_ASCEND_EXT_IMPL`` as it is set, unparsed (a launch-cache key's part: a call made
+    after the variable changed is routed anew; :func:`impl` parses it then)."""
+    return os.environ.get(IMPL)
+
+
 def soc() -> str:
     """``VLLM_ASCEND_EXT_SOC`` in canonical spelling, one of :data:`ASCEND_SOCS` (default
     :data:`DEFAULT_SOC`)."""

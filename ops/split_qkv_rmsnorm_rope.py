@@ -68,7 +68,7 @@ clamped before the arm held the head block's loads back until they arrived). Wit
 (a plan's choice) a program loads the positions (and KV-cache slots) of its next tile while it
 works on the current one, so that chain starts from registers after the first tile. With the
 KV-cache write (the ``KV_*`` constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`) k's and v's
-stores go to the paged cache through ``_store``, quantised there for an int8 or fp8 cache. With
+stores go to the paged cache through ``store``, quantised there for an int8 or fp8 cache. With
 ``PDL`` (a CUDA plan's choice, sm_90 and later) the kernel is launched with programmatic
 dependent launch: each program first waits for the grid before it to finish, then lets the next
 grid launch (``_grid_dependency``), so in a captured graph the launch overlaps the end of the
@@ -81,10 +81,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import launch_cache, validation
 from .tiling import KernelShape, next_pow2, plan_for
+from .triton_launcher import BoundKernel, interpreted
 
-__all__ = ["launch", "split_qkv_rmsnorm_rope"]
+__all__ = ["TOKEN_KEYS", "Prepared", "launch", "split_qkv_rmsnorm_rope"]
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
@@ -153,7 +154,7 @@ def _tail_load(src, j, row_ok, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin_rows(cache_ptr, rows, i, ok, HALF: tl.constexpr):
+def cos_sin_rows(cache_ptr, rows, i, ok, HALF: tl.constexpr):
     """cos and sin of the cache rows at offsets ``rows`` ([BLOCK_T]): two 2-D blocks, fp32."""
     offs = rows[:, None] + i[None, :]
     cos = tl.load(cache_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -162,7 +163,7 @@ def _cos_sin_rows(cache_ptr, rows, i, ok, HALF: tl.constexpr):
 
 
 @triton.jit
-def _cache_row(pos, max_position, cache_stride):
+def cache_row(pos, max_position, cache_stride):
     """The offsets of the positions' (``[BLOCK_T]``) cos/sin cache rows, clamped into the cache."""
     return tl.minimum(tl.maximum(pos, 0), max_position - 1).to(tl.int64) * cache_stride
 
@@ -180,11 +181,11 @@ def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cac
     cache (``max_position`` rows of ``cache_stride``) here."""
     if POS_PTRS:
         if MROPE:
-            rows_h = _cache_row(tl.load(rows_h, mask=tok_ok, other=0), max_position, cache_stride)
-            rows_w = _cache_row(tl.load(rows_w, mask=tok_ok, other=0), max_position, cache_stride)
-        rows = _cache_row(tl.load(rows, mask=tok_ok, other=0), max_position, cache_stride)
+            rows_h = cache_row(tl.load(rows_h, mask=tok_ok, other=0), max_position, cache_stride)
+            rows_w = cache_row(tl.load(rows_w, mask=tok_ok, other=0), max_position, cache_stride)
+        rows = cache_row(tl.load(rows, mask=tok_ok, other=0), max_position, cache_stride)
     ok = tok_ok[:, None] & i_ok[None, :]
-    cos, sin = _cos_sin_rows(cache_ptr, rows, i, ok, HALF)
+    cos, sin = cos_sin_rows(cache_ptr, rows, i, ok, HALF)
     if MROPE:
         if INTERLEAVED:
             on_h = ((i % 3) == 1) & (i < 3 * SEC_H)
@@ -192,8 +193,8 @@ def _cos_sin(cache_ptr, rows, rows_h, rows_w, i, i_ok, tok_ok, max_position, cac
         else:
             on_h = (i >= SEC_T) & (i < SEC_T + SEC_H)
             on_w = i >= SEC_T + SEC_H
-        cos_h, sin_h = _cos_sin_rows(cache_ptr, rows_h, i, ok, HALF)
-        cos_w, sin_w = _cos_sin_rows(cache_ptr, rows_w, i, ok, HALF)
+        cos_h, sin_h = cos_sin_rows(cache_ptr, rows_h, i, ok, HALF)
+        cos_w, sin_w = cos_sin_rows(cache_ptr, rows_w, i, ok, HALF)
         cos = tl.where(on_h[None, :], cos_h, tl.where(on_w[None, :], cos_w, cos))
         sin = tl.where(on_h[None, :], sin_h, tl.where(on_w[None, :], sin_w, sin))
     return cos[:, None, :], sin[:, None, :]
@@ -206,7 +207,7 @@ def _round_fp8_e4m3(y):
     and ``2**-9`` below the smallest normal ``2**-6``). Triton's interpreter does not round its
     fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit. Scaled by
     the step's exact inverse (``2**(3 - e)``), not divided by the step: Triton's fp32 division on
-    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (perf-notes v9)."""
+    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (docs/performance.md, v9)."""
     binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
     step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
     inv_step = ((257 - binade) << 23).to(tl.float32, bitcast=True)
@@ -214,7 +215,7 @@ def _round_fp8_e4m3(y):
 
 
 @triton.jit
-def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, KV_LANE: tl.constexpr,
+def store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, head_ok, KV_LANE: tl.constexpr,
            kv_chunk_stride,
            OUT: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr, KV_QUANT: tl.constexpr,
            KV_PER_CHANNEL: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -229,7 +230,7 @@ def _store(out_base, kv_base, kv_ptr, lanes, y, mask, kv_mask, scale_ptr, head, 
     one per head and lane at ``scale_ptr[head * HEAD_DIM + d]``) and saturate; int8 rounds half
     to even. The division is IEEE's (``div_rn``): Triton's ``/`` is ``div.full.f32`` on CUDA,
     within 2 ulp, and put values that are exact ties in fp32 on the wrong side of them (2-3 of
-    about 2M fp8 values a run on the H200, perf-notes v9).
+    about 2M fp8 values a run on the H200, docs/performance.md, v9).
     """
     if OUT:
         tl.store(out_base + lanes[None, None, :], y.to(out_base.dtype.element_ty), mask=mask)
@@ -346,7 +347,7 @@ def _whole_row_block(
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
     kv_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None] & d_ok[None, None, :]
-    _store(dst, kv_dst, kv_ptr, d, y, row_ok & d_ok[None, None, :], kv_ok, scale_ptr, head, head_ok, KV_LANE,
+    store(dst, kv_dst, kv_ptr, d, y, row_ok & d_ok[None, None, :], kv_ok, scale_ptr, head, head_ok, KV_LANE,
            kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
@@ -392,17 +393,22 @@ def _head_block(
     as ``[.., R/2, 2]`` and split into ``a``/``b`` in registers (strided loads of every other
     element fell apart into 2-byte accesses).
 
-    Every value is stored through :func:`_store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
+    Every value is stored through :func:`store`: into ``out_ptr`` (``OUT``) and, with ``KV``,
     into the paged cache at ``kv_ptr``: token ``t``'s row of the block starts ``kv_rows[t]``
-    elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`_store` says, and tokens
+    elements in, heads sit ``kv_head_stride`` apart, lanes as :func:`store` says, and tokens
     off ``kv_tok_ok`` (padding slots) write nothing there.
     """
     if WHOLE_ROW:
-        _whole_row_block(in_ptr, out_ptr, tok64, tok_ok, head, num_heads, in_stride, out_stride, cache_ptr, rows,
-                         rows_h, rows_w, max_position, cache_stride, w_ptr, b_ptr, weight_offset, eps, HEAD_DIM,
-                         HEAD_PAD, HALF, IS_NEOX, NORM, BIAS, IN_HEAD_STRIDE, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                         kv_ptr, kv_rows, kv_tok_ok, kv_head_stride, KV_LANE, kv_chunk_stride, scale_ptr, OUT, KV,
-                         KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, sums_ptr, sums_tp, NORM_SUMS, ELEM_W, POS_PTRS)
+        _whole_row_block(in_ptr=in_ptr, out_ptr=out_ptr, tok64=tok64, tok_ok=tok_ok, head=head, num_heads=num_heads,
+                         in_stride=in_stride, out_stride=out_stride, cache_ptr=cache_ptr, rows=rows, rows_h=rows_h,
+                         rows_w=rows_w, max_position=max_position, cache_stride=cache_stride, w_ptr=w_ptr,
+                         b_ptr=b_ptr, weight_offset=weight_offset, eps=eps, HEAD_DIM=HEAD_DIM, HEAD_PAD=HEAD_PAD,
+                         HALF=HALF, IS_NEOX=IS_NEOX, NORM=NORM, BIAS=BIAS, IN_HEAD_STRIDE=IN_HEAD_STRIDE,
+                         MROPE=MROPE, SEC_T=SEC_T, SEC_H=SEC_H, SEC_W=SEC_W, INTERLEAVED=INTERLEAVED, kv_ptr=kv_ptr,
+                         kv_rows=kv_rows, kv_tok_ok=kv_tok_ok, kv_head_stride=kv_head_stride, KV_LANE=KV_LANE,
+                         kv_chunk_stride=kv_chunk_stride, scale_ptr=scale_ptr, OUT=OUT, KV=KV, KV_CHUNK=KV_CHUNK,
+                         KV_QUANT=KV_QUANT, KV_PER_CHANNEL=KV_PER_CHANNEL, sums_ptr=sums_ptr, sums_tp=sums_tp,
+                         NORM_SUMS=NORM_SUMS, ELEM_W=ELEM_W, POS_PTRS=POS_PTRS)
     else:
         head_ok = head < num_heads
         row_ok = tok_ok[:, None, None] & head_ok[None, :, None]
@@ -429,7 +435,7 @@ def _head_block(
                 p2 = _tail_load(src, jq, row_ok, HEAD_DIM)
         # With the tail held whole, every load that does not wait on another is issued before
         # anything waits on one, so the weights (L2-cold at small batch sizes) do not queue behind
-        # the reduction: up to 0.6 us faster at T <= 64 (perf-notes v5 g). A chunked tail keeps
+        # the reduction: up to 0.6 us faster at T <= 64 (docs/performance.md, v5 g). A chunked tail keeps
         # them after the reduction: loaded early they cost it 2-6% at T >= 4096.
         if NORM and TAIL_CHUNKS == 1:
             w_a, w_b, b_a, b_b = _pair_affine(w_ptr, b_ptr, ia, ib, i_ok, weight_offset, NORM, BIAS,
@@ -471,26 +477,26 @@ def _head_block(
 
         ab_kv = kv_row_ok & i_ok[None, None, :]
         if IS_NEOX:
-            _store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+            store(dst, kv_dst, kv_ptr, ia, a * cos - b * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
                    KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
-            _store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
+            store(dst, kv_dst, kv_ptr, ib, b * cos + a * sin, ab_ok, ab_kv, scale_ptr, head, head_ok,
                    KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         else:
             y = tl.where(second, (b * cos + a * sin)[:, :, :, None], (a * cos - b * sin)[:, :, :, None])
             y = tl.reshape(y, (y.shape[0], y.shape[1], 2 * HALF_PAD))
-            _store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
+            store(dst, kv_dst, kv_ptr, r, y, r_ok, kv_row_ok & (r < 2 * HALF)[None, None, :], scale_ptr,
                    head, head_ok, KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
         if PASS > 0:
             if TAIL_CHUNKS == 1:
                 if NORM:
                     p = _affine(p, rstd, w_p, b_p, BIAS, ELEM_W)
-                _store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
+                store(dst, kv_dst, kv_ptr, jp, p, row_ok & (jp < HEAD_DIM)[None, None, :],
                        kv_row_ok & (jp < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok, KV_LANE,
                        kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
                 if TAIL_W2 > 0:
                     if NORM:
                         p2 = _affine(p2, rstd, w_p2, b_p2, BIAS, ELEM_W)
-                    _store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
+                    store(dst, kv_dst, kv_ptr, jq, p2, row_ok & (jq < HEAD_DIM)[None, None, :],
                            kv_row_ok & (jq < HEAD_DIM)[None, None, :], scale_ptr, head, head_ok,
                            KV_LANE, kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
             else:
@@ -510,7 +516,7 @@ def _head_block(
                                                 head_ok, ELEM_W)
                     if NORM:
                         pc = _affine(pc, rstd, w_c, b_c, BIAS, ELEM_W)
-                    _store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
+                    store(dst, kv_dst, kv_ptr, jc, pc, row_ok & jc_ok[None, None, :],
                            kv_row_ok & jc_ok[None, None, :], scale_ptr, head, head_ok, KV_LANE, kv_chunk_stride,
                            OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
@@ -546,12 +552,12 @@ def _row_store(
     dst = out_ptr + (tok64 * out_stride)[:, None, None] + (head * HEAD_DIM)[None, :, None]
     kv_dst = kv_ptr + kv_rows[:, None, None] + (head.to(tl.int64) * kv_head_stride)[None, :, None]
     kv_ok = kv_tok_ok[:, None, None] & head_ok[None, :, None] & d_ok
-    _store(dst, kv_dst, kv_ptr, d, x, row_ok & d_ok, kv_ok, scale_ptr, head, head_ok, KV_LANE,
+    store(dst, kv_dst, kv_ptr, d, x, row_ok & d_ok, kv_ok, scale_ptr, head, head_ok, KV_LANE,
            kv_chunk_stride, OUT, KV, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL, HEAD_DIM)
 
 
 @triton.jit
-def _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr,
+def kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, block_stride, slot_stride, offset, KV: tl.constexpr,
              LOADED: tl.constexpr):
     """With ``KV``: each token's row offset in the paged cache (slot ``s`` is block
     ``s // block_size``, row ``s % block_size``; ``offset`` where the layout puts element 0) and
@@ -608,7 +614,7 @@ def _grid_dependency():
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_position", "pos_axis_stride", "sums_tp"])
-def _split_qkv_rmsnorm_rope_kernel(
+def split_qkv_rmsnorm_rope_kernel(
     qkv_ptr, q_out_ptr, k_out_ptr, gate_out_ptr, v_out_ptr,
     q_w_ptr, k_w_ptr, q_b_ptr, k_b_ptr,
     cache_ptr, pos_ptr,
@@ -694,7 +700,7 @@ def _split_qkv_rmsnorm_rope_kernel(
             # own loads. With POS_PTRS (the plan's ``positions_at_gather``) ``rows`` (and mRoPE's
             # ``rows_h``, ``rows_w``) point at the positions and the head block loads them too, so
             # its own loads are issued before anything waits on the positions (issue is in order;
-            # clamped here, they held the head block's loads back, perf-notes v13).
+            # clamped here, they held the head block's loads back, docs/performance.md, v13).
             if POS_PTRS:
                 rows = pos_ptr + tok64 * pos_stride
             else:
@@ -702,13 +708,13 @@ def _split_qkv_rmsnorm_rope_kernel(
                     pos_t, pos_h, pos_w, _ = _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride,
                                                         pos_axis_stride, BLOCK_T, HEAD_BLOCKS, MROPE, False, Q_BLOCKS,
                                                         G_END, K_END)
-                rows = _cache_row(pos_t, max_position, cache_stride)
+                rows = cache_row(pos_t, max_position, cache_stride)
             if MROPE and POS_PTRS:
                 rows_h = rows + pos_axis_stride
                 rows_w = rows + 2 * pos_axis_stride
             elif MROPE:
-                rows_h = _cache_row(pos_h, max_position, cache_stride)
-                rows_w = _cache_row(pos_w, max_position, cache_stride)
+                rows_h = cache_row(pos_h, max_position, cache_stride)
+                rows_w = cache_row(pos_w, max_position, cache_stride)
             else:
                 rows_h = rows
                 rows_w = rows
@@ -720,57 +726,78 @@ def _split_qkv_rmsnorm_rope_kernel(
                                     HALF, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED, False)
             if head_block < Q_BLOCKS:
                 q_head = head_block * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-                _head_block(qkv_ptr, q_out_ptr, tok64, tok_ok, q_head, NUM_Q_HEADS, qkv_stride,
-                            q_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, max_position, cache_stride,
-                            i, ia, ib, i_ok, jp, jq, q_w_ptr, q_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
-                            HALF_PAD, IS_NEOX, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, Q_NORM, Q_BIAS, Q_STRIDE,
-                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            q_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False,
-                            sums_ptr, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD, POS_PTRS)
+                _head_block(in_ptr=qkv_ptr, out_ptr=q_out_ptr, tok64=tok64, tok_ok=tok_ok, head=q_head,
+                            num_heads=NUM_Q_HEADS, in_stride=qkv_stride, out_stride=q_out_stride, cos=cos, sin=sin,
+                            cache_ptr=cache_ptr, rows=rows, rows_h=rows_h, rows_w=rows_w, max_position=max_position,
+                            cache_stride=cache_stride, i=i, ia=ia, ib=ib, i_ok=i_ok, jp=jp, jq=jq, w_ptr=q_w_ptr,
+                            b_ptr=q_b_ptr, weight_offset=weight_offset, eps=eps, HEAD_DIM=HEAD_DIM, HALF=HALF,
+                            HALF_PAD=HALF_PAD, IS_NEOX=IS_NEOX, PASS=PASS, TAIL_W=TAIL_W, TAIL_W2=TAIL_W2,
+                            TAIL_CHUNKS=TAIL_CHUNKS, NORM=Q_NORM, BIAS=Q_BIAS, IN_HEAD_STRIDE=Q_STRIDE,
+                            ROWS_AFTER_DATA=ROWS_AFTER_DATA, MROPE=MROPE, SEC_T=SEC_T, SEC_H=SEC_H, SEC_W=SEC_W,
+                            INTERLEAVED=INTERLEAVED, kv_ptr=q_out_ptr, kv_rows=tok64, kv_tok_ok=tok_ok,
+                            kv_head_stride=0, KV_LANE=1, kv_chunk_stride=0, scale_ptr=q_w_ptr, OUT=True, KV=False,
+                            KV_CHUNK=0, KV_QUANT=0, KV_PER_CHANNEL=False, sums_ptr=sums_ptr, sums_tp=sums_tp,
+                            NORM_SUMS=NORM_SUMS, ELEM_W=ELEM_W, WHOLE_ROW=WHOLE_ROW, HEAD_PAD=HEAD_PAD,
+                            POS_PTRS=POS_PTRS)
             elif NUM_KV_HEADS > 0:
                 k_head = (head_block - Q_BLOCKS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
+                kv_rows, kv_tok_ok = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, k_block_stride,
                                               k_slot_stride, k_offset, KV_CACHE, POS_AHEAD)
                 if V_WITH_K and (V_NORM or KV_CACHE):
                     # The same heads of v, loaded before k's stores (a load may not pass an earlier
                     # store, so loaded after them v's round trip would follow k's), stored after.
-                    v_x = _row_load(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64, tok_ok, k_head, NUM_KV_HEADS,
-                                    qkv_stride, HEAD_DIM, HEAD_PAD, HEAD_DIM)
-                    v_rows, v_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
+                    v_x = _row_load(in_ptr=qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64=tok64, tok_ok=tok_ok,
+                                    head=k_head, num_heads=NUM_KV_HEADS, in_stride=qkv_stride, HEAD_DIM=HEAD_DIM,
+                                    HEAD_PAD=HEAD_PAD, IN_HEAD_STRIDE=HEAD_DIM)
+                    v_rows, v_tok_ok = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
                                                 v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
-                _head_block(qkv_ptr + K_COL, k_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, qkv_stride,
-                            k_out_stride, cos, sin, cache_ptr, rows, rows_h, rows_w, max_position, cache_stride,
-                            i, ia, ib, i_ok, jp, jq, k_w_ptr, k_b_ptr, weight_offset, eps, HEAD_DIM, HALF,
-                            HALF_PAD, IS_NEOX, PASS, TAIL_W, TAIL_W2, TAIL_CHUNKS, K_NORM, K_BIAS, HEAD_DIM,
-                            ROWS_AFTER_DATA, MROPE, SEC_T, SEC_H, SEC_W, INTERLEAVED,
-                            k_cache_ptr, kv_rows, kv_tok_ok, k_head_stride, K_LANE, kv_chunk_stride,
-                            k_scale_ptr,
-                            K_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL,
-                            sums_ptr + 1, sums_tp, NORM_SUMS, ELEM_W, WHOLE_ROW, HEAD_PAD, POS_PTRS)
+                _head_block(in_ptr=qkv_ptr + K_COL, out_ptr=k_out_ptr, tok64=tok64, tok_ok=tok_ok, head=k_head,
+                            num_heads=NUM_KV_HEADS, in_stride=qkv_stride, out_stride=k_out_stride, cos=cos, sin=sin,
+                            cache_ptr=cache_ptr, rows=rows, rows_h=rows_h, rows_w=rows_w, max_position=max_position,
+                            cache_stride=cache_stride, i=i, ia=ia, ib=ib, i_ok=i_ok, jp=jp, jq=jq, w_ptr=k_w_ptr,
+                            b_ptr=k_b_ptr, weight_offset=weight_offset, eps=eps, HEAD_DIM=HEAD_DIM, HALF=HALF,
+                            HALF_PAD=HALF_PAD, IS_NEOX=IS_NEOX, PASS=PASS, TAIL_W=TAIL_W, TAIL_W2=TAIL_W2,
+                            TAIL_CHUNKS=TAIL_CHUNKS, NORM=K_NORM, BIAS=K_BIAS, IN_HEAD_STRIDE=HEAD_DIM,
+                            ROWS_AFTER_DATA=ROWS_AFTER_DATA, MROPE=MROPE, SEC_T=SEC_T, SEC_H=SEC_H, SEC_W=SEC_W,
+                            INTERLEAVED=INTERLEAVED, kv_ptr=k_cache_ptr, kv_rows=kv_rows, kv_tok_ok=kv_tok_ok,
+                            kv_head_stride=k_head_stride, KV_LANE=K_LANE, kv_chunk_stride=kv_chunk_stride,
+                            scale_ptr=k_scale_ptr, OUT=K_WRITES_OUT, KV=KV_CACHE, KV_CHUNK=KV_CHUNK,
+                            KV_QUANT=KV_QUANT, KV_PER_CHANNEL=KV_PER_CHANNEL, sums_ptr=sums_ptr + 1, sums_tp=sums_tp,
+                            NORM_SUMS=NORM_SUMS, ELEM_W=ELEM_W, WHOLE_ROW=WHOLE_ROW, HEAD_PAD=HEAD_PAD,
+                            POS_PTRS=POS_PTRS)
                 if V_WITH_K and (V_NORM or KV_CACHE):
-                    _row_store(v_x, v_out_ptr, tok64, tok_ok, k_head, NUM_KV_HEADS, v_out_stride, eps, HEAD_DIM,
-                               HEAD_PAD, V_NORM, v_cache_ptr, v_rows, v_tok_ok, v_head_stride, V_LANE,
-                               kv_chunk_stride, v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT,
-                               KV_PER_CHANNEL)
+                    _row_store(x=v_x, out_ptr=v_out_ptr, tok64=tok64, tok_ok=tok_ok, head=k_head,
+                               num_heads=NUM_KV_HEADS, out_stride=v_out_stride, eps=eps, HEAD_DIM=HEAD_DIM,
+                               HEAD_PAD=HEAD_PAD, NORM=V_NORM, kv_ptr=v_cache_ptr, kv_rows=v_rows,
+                               kv_tok_ok=v_tok_ok, kv_head_stride=v_head_stride, KV_LANE=V_LANE,
+                               kv_chunk_stride=kv_chunk_stride, scale_ptr=v_scale_ptr, OUT=V_WRITES_OUT, KV=KV_CACHE,
+                               KV_CHUNK=KV_CHUNK, KV_QUANT=KV_QUANT, KV_PER_CHANNEL=KV_PER_CHANNEL)
         elif head_block < G_END:
             if Q_GATE:
                 # The gate: copied out as it is, heads laid contiguous.
                 g_head = (head_block - K_END) * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-                g_x = _row_load(qkv_ptr + HEAD_DIM, tok64, tok_ok, g_head, NUM_Q_HEADS, qkv_stride, HEAD_DIM, HEAD_PAD,
-                                Q_STRIDE)
-                _row_store(g_x, gate_out_ptr, tok64, tok_ok, g_head, NUM_Q_HEADS, gate_out_stride, eps, HEAD_DIM,
-                           HEAD_PAD, False, gate_out_ptr, tok64, tok_ok, 0, 1, 0, q_w_ptr, True, False, 0, 0, False)
+                g_x = _row_load(in_ptr=qkv_ptr + HEAD_DIM, tok64=tok64, tok_ok=tok_ok, head=g_head,
+                                num_heads=NUM_Q_HEADS, in_stride=qkv_stride, HEAD_DIM=HEAD_DIM, HEAD_PAD=HEAD_PAD,
+                                IN_HEAD_STRIDE=Q_STRIDE)
+                _row_store(x=g_x, out_ptr=gate_out_ptr, tok64=tok64, tok_ok=tok_ok, head=g_head,
+                           num_heads=NUM_Q_HEADS, out_stride=gate_out_stride, eps=eps, HEAD_DIM=HEAD_DIM,
+                           HEAD_PAD=HEAD_PAD, NORM=False, kv_ptr=gate_out_ptr, kv_rows=tok64, kv_tok_ok=tok_ok,
+                           kv_head_stride=0, KV_LANE=1, kv_chunk_stride=0, scale_ptr=q_w_ptr, OUT=True, KV=False,
+                           KV_CHUNK=0, KV_QUANT=0, KV_PER_CHANNEL=False)
         else:
             if V_BLOCKS:
                 # v: RMS-normalised without a weight (V_NORM) or copied, never rotated.
                 v_head = (head_block - G_END) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-                kv_rows, kv_tok_ok = _kv_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
+                kv_rows, kv_tok_ok = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, v_block_stride,
                                               v_slot_stride, v_offset, KV_CACHE, POS_AHEAD)
-                v_x = _row_load(qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64, tok_ok, v_head, NUM_KV_HEADS,
-                                qkv_stride, HEAD_DIM, HEAD_PAD, HEAD_DIM)
-                _row_store(v_x, v_out_ptr, tok64, tok_ok, v_head, NUM_KV_HEADS, v_out_stride, eps, HEAD_DIM, HEAD_PAD,
-                           V_NORM, v_cache_ptr, kv_rows, kv_tok_ok, v_head_stride, V_LANE, kv_chunk_stride,
-                           v_scale_ptr, V_WRITES_OUT, KV_CACHE, KV_CHUNK, KV_QUANT, KV_PER_CHANNEL)
+                v_x = _row_load(in_ptr=qkv_ptr + K_COL + NUM_KV_HEADS * HEAD_DIM, tok64=tok64, tok_ok=tok_ok,
+                                head=v_head, num_heads=NUM_KV_HEADS, in_stride=qkv_stride, HEAD_DIM=HEAD_DIM,
+                                HEAD_PAD=HEAD_PAD, IN_HEAD_STRIDE=HEAD_DIM)
+                _row_store(x=v_x, out_ptr=v_out_ptr, tok64=tok64, tok_ok=tok_ok, head=v_head, num_heads=NUM_KV_HEADS,
+                           out_stride=v_out_stride, eps=eps, HEAD_DIM=HEAD_DIM, HEAD_PAD=HEAD_PAD, NORM=V_NORM,
+                           kv_ptr=v_cache_ptr, kv_rows=kv_rows, kv_tok_ok=kv_tok_ok, kv_head_stride=v_head_stride,
+                           KV_LANE=V_LANE, kv_chunk_stride=kv_chunk_stride, scale_ptr=v_scale_ptr, OUT=V_WRITES_OUT,
+                           KV=KV_CACHE, KV_CHUNK=KV_CHUNK, KV_QUANT=KV_QUANT, KV_PER_CHANNEL=KV_PER_CHANNEL)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -842,84 +869,161 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         implementation); on CPU tensors without Triton's interpreter; on tensors that require
         grad while grad mode is on (the op has no backward).
     """
-    call = validation.split_qkv_rmsnorm_rope(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
-        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
+    return launch(_CACHE, locals(), validation.split_qkv_rmsnorm_rope)
 
 
-def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias=None, k_bias=None,
-           key_cache=None, value_cache=None, slot_mapping=None, k_scale=None, v_scale=None, norm_sums=None):
-    """Run a call :func:`.validation.split_qkv_rmsnorm_rope` (or ``..._kv_cache``, with the cache
-    arguments) has passed (the selector in ``vllm_ascend_ext.impl`` validates once, then launches
-    through here); returns ``(q, k, v)``, and the gate after them with ``q_gate``. With a cache
-    write and no ``return_kv``, k and v are ``[T, 0]``. A call of
-    :func:`.validation.split_qkv_tp_rmsnorm_rope` (``call.shape.norm_across_heads``) passes
-    ``norm_sums``, the ``[T, 2]`` fp32 sums of squares of q and k summed over the TP group.
+#: The arguments whose sizes include the token count, and their part of the key.
+TOKEN_KEYS = {"qkv": launch_cache.rows_key, "positions": launch_cache.positions_key,
+              "slot_mapping": launch_cache.slots_key}
 
-    Raises
-    ------
-    ValueError
-        On CPU tensors without Triton's interpreter.
+_CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope")
+
+
+def launch(cache: launch_cache.LaunchCache, args: dict, validate, make=None, extra=None):
+    """Run the call through ``cache`` (:func:`.launch_cache.prepared` with this family's
+    :data:`TOKEN_KEYS`; ``make`` defaults to :class:`Prepared`)."""
+    return launch_cache.prepared(cache, args, validate, make or Prepared, TOKEN_KEYS, extra).run(args)
+
+
+#: What Triton raises on CPU tensors when ``TRITON_INTERPRET`` was set after it was imported
+#: (Triton 3.2-3.6: no driver; 3.7: helpers defined for a device called from the interpreter).
+_LATE_INTERPRETER = ("0 active drivers", "outside of the scope of a kernel")
+
+#: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index.
+(QKV, Q, K, GATE, V, Q_W, K_W, Q_B, K_B, CACHE, POS, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
+ SUMS) = range(17)
+
+
+class Prepared:
+    """A validated call of the prologue kernel, for every token count: the call object.
+
+    Made once per launch-cache key (:func:`.launch_cache.prepared`): the validated :class:`~.validation.Call`,
+    the plan and bound kernel per token count (:func:`~.tiling.plan_for`, one compiled kernel per
+    plan), the output layout. :meth:`run` allocates the outputs and launches; nothing in it
+    validates again or touches the device's state.
+
+    Parameters
+    ----------
+    call : vllm_ascend_ext.ops.validation.Call
+        What the validator returned (its ``num_tokens`` is the first call's; :meth:`run` reads
+        each call's from qkv).
+    args : dict
+        The call's arguments by name; qkv's device is the call's (a ``meta`` call allocates its
+        outputs and launches nothing).
     """
-    validation.check_runnable(qkv.device)
-    shape, num_tokens, kv = call.shape, call.num_tokens, call.kv_cache
-    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    k_col = shape.num_q_heads * shape.q_head_stride
-    v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
-    if call.inplace:
-        q, k = qkv[:, :q_cols], qkv[:, k_col:k_col + kv_cols]
-    else:
-        q = _new_output(qkv, num_tokens, q_cols)
-        k = _new_output(qkv, num_tokens, kv_cols)
-        if call.v_norm:
-            v = _new_output(qkv, num_tokens, kv_cols)
-    if kv is not None and not kv.return_kv:
-        k = v = qkv.new_empty((num_tokens, 0))
-    gate = _new_output(qkv, num_tokens, q_cols) if call.q_gate else None
-    outputs = (q, k, v) + ((gate,) if call.q_gate else ())
-    if num_tokens == 0:
+
+    #: Token counts whose plan and grid are kept (a bound on the per-count dict).
+    MAX_TOKEN_COUNTS = 4096
+
+    def __init__(self, call: validation.Call, args: dict):
+        self.call = call
+        self.device = device = args["qkv"].device
+        shape = call.shape
+        self.q_cols, self.kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        self.k_col = shape.num_q_heads * shape.q_head_stride
+        self.launches = device.type != "meta"
+        validation.check_runnable(device, interpreted(split_qkv_rmsnorm_rope_kernel))
+        self._per_tokens: dict[int, tuple] = {}
+        self._bound: dict = {}
+
+    def tokens_agree(self, args: dict) -> bool:
+        """Whether positions and slot mapping hold the token count of qkv (the key leaves it out)."""
+        tokens = args["qkv"].shape[0]
+        if args["positions"].shape[-1] != tokens:
+            return False
+        slots = args.get("slot_mapping")
+        return slots is None or slots.shape[0] >= tokens
+
+    def run(self, args: dict, norm_sums=None):
+        """Launch the call on ``args`` (the op's arguments by name; a TP call passes its summed
+        ``[T, 2]`` ``norm_sums``): ``(q, k, v)``, and the gate after them with ``q_gate``."""
+        call, qkv = self.call, args["qkv"]
+        num_tokens = qkv.shape[0]
+        kv = call.kv_cache
+        v = qkv[:, self.k_col + self.kv_cols:self.k_col + 2 * self.kv_cols]
+        if call.inplace:
+            q, k = qkv[:, :self.q_cols], qkv[:, self.k_col:self.k_col + self.kv_cols]
+        else:
+            q = _new_output(qkv, num_tokens, self.q_cols)
+            k = _new_output(qkv, num_tokens, self.kv_cols)
+            if call.v_norm:
+                v = _new_output(qkv, num_tokens, self.kv_cols)
+        if kv is not None and not kv.return_kv:
+            k = v = qkv.new_empty((num_tokens, 0))
+        gate = _new_output(qkv, num_tokens, self.q_cols) if call.q_gate else None
+        outputs = (q, k, v) if gate is None else (q, k, v, gate)
+        if num_tokens == 0 or not self.launches:
+            return outputs
+        positions = args["positions"]
+        sources = (qkv, q, k, gate, v, args["q_weight"], args["k_weight"], args.get("q_bias"), args.get("k_bias"),
+                   args["cos_sin_cache"], positions, args.get("key_cache"), args.get("value_cache"),
+                   args.get("slot_mapping"), args.get("k_scale"), args.get("v_scale"), norm_sums)
+        launch = self._per_tokens.get(num_tokens)
+        if launch is None:
+            launch = self._plan(num_tokens, sources)
+        grid, bound = launch
+        try:
+            bound(grid, sources, (num_tokens, positions.stride(0) if call.shape.mrope else 0))
+        except Exception as exc:
+            if self.device.type == "cpu" and any(sign in str(exc) for sign in _LATE_INTERPRETER):
+                validation.check_runnable(self.device, interpreted=False)  # raises, naming the variable
+            raise
+        call.mark_written(qkv)
         return outputs
 
-    plan = plan_for(qkv.device, shape, num_tokens)
-    ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
-    _split_qkv_rmsnorm_rope_kernel[(plan.grid(shape, num_tokens),)](
-        qkv_ptr=qkv, q_out_ptr=q, k_out_ptr=k if k.shape[1] else q,
-        gate_out_ptr=q if gate is None else gate, v_out_ptr=v if v.shape[1] else q,
-        q_w_ptr=qkv if q_weight is None else q_weight,
-        k_w_ptr=qkv if k_weight is None else k_weight,
-        q_b_ptr=qkv if q_bias is None else q_bias,
-        k_b_ptr=qkv if k_bias is None else k_bias,
-        cache_ptr=cos_sin_cache, pos_ptr=positions,
-        k_cache_ptr=qkv if kv is None else key_cache, v_cache_ptr=qkv if kv is None else value_cache,
-        slot_ptr=positions if kv is None else slot_mapping,
-        k_scale_ptr=cos_sin_cache if k_scale is None else k_scale,
-        v_scale_ptr=cos_sin_cache if v_scale is None else v_scale,
-        sums_ptr=cos_sin_cache if norm_sums is None else norm_sums, sums_tp=call.tp_size,
-        num_tokens=num_tokens, max_position=cos_sin_cache.shape[0],
-        qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
-        gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
-        v_out_stride=v.stride(0) if v.shape[1] else 0,
-        cache_stride=cos_sin_cache.stride(0), pos_stride=positions.stride(-1),
-        pos_axis_stride=positions.stride(0) if shape.mrope else 0,
-        eps=call.eps, weight_offset=call.weight_offset,
-        block_size=ks.block_size if ks else 1,
-        k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
-        k_head_stride=ks.head if ks else 0, k_offset=ks.offset if ks else 0,
-        v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
-        v_head_stride=vs.head if vs else 0, v_offset=vs.offset if vs else 0,
-        kv_chunk_stride=ks.chunk if ks else 0,
-        **_constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
-                      k_bias=call.k_bias, mrope_section=call.mrope_section,
-                      mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
-        **plan.launch_options,
-    )
-    call.mark_written(qkv)
-    return outputs
+    def _plan(self, num_tokens: int, sources: tuple) -> tuple:
+        """The grid and bound kernel for ``num_tokens`` (kept per token count)."""
+        shape = self.call.shape
+        plan = plan_for(self.device, shape, num_tokens)
+        grid = plan.grid(shape, num_tokens)
+        bound = self._bound.get(plan)
+        if bound is None:
+            bound = self._bound[plan] = self._bind(plan, grid, sources, num_tokens)
+        if len(self._per_tokens) >= self.MAX_TOKEN_COUNTS:
+            self._per_tokens.clear()
+        self._per_tokens[num_tokens] = grid, bound
+        return grid, bound
+
+    def _bind(self, plan, grid: int, sources: tuple, num_tokens: int) -> BoundKernel:
+        """The kernel's arguments for ``plan`` (tensors by source index), bound once."""
+        call, shape = self.call, self.call.shape
+        qkv, q, k, gate, v, cache, positions = (sources[i] for i in (QKV, Q, K, GATE, V, CACHE, POS))
+        kv = call.kv_cache
+        ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
+        tensors = dict(
+            qkv_ptr=QKV, q_out_ptr=Q, k_out_ptr=K if k.shape[1] else Q, gate_out_ptr=Q if gate is None else GATE,
+            v_out_ptr=V if v.shape[1] else Q, q_w_ptr=Q_W if call.q_norm else QKV,
+            k_w_ptr=K_W if call.k_norm else QKV, q_b_ptr=Q_B if call.q_bias else QKV,
+            k_b_ptr=K_B if call.k_bias else QKV, cache_ptr=CACHE, pos_ptr=POS,
+            k_cache_ptr=QKV if kv is None else K_CACHE,
+            v_cache_ptr=QKV if kv is None else (V_CACHE if sources[V_CACHE] is not None else K_CACHE),
+            slot_ptr=POS if kv is None else SLOTS,
+            k_scale_ptr=CACHE if sources[K_SCALE] is None else K_SCALE,
+            v_scale_ptr=CACHE if sources[V_SCALE] is None else V_SCALE,
+            sums_ptr=CACHE if sources[SUMS] is None else SUMS)
+        scalars = dict(
+            num_tokens=num_tokens, pos_axis_stride=positions.stride(0) if shape.mrope else 0,
+            sums_tp=call.tp_size, max_position=cache.shape[0],
+            qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
+            gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
+            v_out_stride=v.stride(0) if v.shape[1] else 0,
+            cache_stride=cache.stride(0), pos_stride=positions.stride(-1),
+            eps=call.eps, weight_offset=call.weight_offset,
+            block_size=ks.block_size if ks else 1,
+            k_block_stride=ks.block if ks else 0, k_slot_stride=ks.slot if ks else 0,
+            k_head_stride=ks.head if ks else 0, k_offset=ks.offset if ks else 0,
+            v_block_stride=vs.block if vs else 0, v_slot_stride=vs.slot if vs else 0,
+            v_head_stride=vs.head if vs else 0, v_offset=vs.offset if vs else 0,
+            kv_chunk_stride=ks.chunk if ks else 0,
+            **constexprs(shape, plan, q_norm=call.q_norm, k_norm=call.k_norm, q_bias=call.q_bias,
+                          k_bias=call.k_bias, mrope_section=call.mrope_section,
+                          mrope_interleaved=call.mrope_interleaved, kv_cache=kv),
+            **plan.launch_options)
+        return BoundKernel(split_qkv_rmsnorm_rope_kernel, tensors, scalars, sources,
+                           runtime=("num_tokens", "pos_axis_stride"), grid=grid)
 
 
-def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,
+def constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias: bool,
                 k_bias: bool, mrope_section=None, mrope_interleaved: bool = False,
                 kv_cache: validation.KVCacheWrite | None = None) -> dict:
     """The kernel's compile-time arguments for one layer geometry, feature set and plan
@@ -932,7 +1036,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
         KV_PER_CHANNEL=bool(kv and kv.per_channel),
         # Lane strides in the caches: compile-time, so a unit stride compiles to vector stores
         # (as a run-time 1 it made every cache store a 2-byte store: 32/8/128 at T = 4096 ran at
-        # 1.26x the copy, perf-notes v7).
+        # 1.26x the copy, docs/performance.md, v7).
         K_LANE=kv.key_strides.lane if kv else 1, V_LANE=kv.value_strides.lane if kv else 1,
         NUM_Q_HEADS=shape.num_q_heads, NUM_KV_HEADS=shape.num_kv_heads, HEAD_DIM=shape.head_dim,
         HEAD_PAD=next_pow2(shape.head_dim),
@@ -950,7 +1054,7 @@ def _constexprs(shape: KernelShape, plan, *, q_norm: bool, k_norm: bool, q_bias:
     )
 
 
-def _signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dict:
+def signature(dtype: str, cache_dtype: str, kv_dtype: str | None = None) -> dict:
     """The kernel's run-time argument types, for compiling ahead of time (checks, warm-up):
     ``dtype`` of qkv, outputs, weights and biases, ``cache_dtype`` (cos/sin) and ``kv_dtype``
     (the paged KV cache; default ``dtype``) in Triton's spelling (``"bf16"``, ``"fp16"``,

@@ -29,7 +29,7 @@ it into the cache.
 
 from __future__ import annotations
 
-from . import validation
+from . import launch_cache, validation
 from .split_qkv_rmsnorm_rope import launch
 
 __all__ = ["split_qkv_rmsnorm_rope_kv_cache"]
@@ -77,12 +77,7 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     ValueError
         On a bad argument, naming it (:func:`.validation.split_qkv_rmsnorm_rope_kv_cache`).
     """
-    call = validation.split_qkv_rmsnorm_rope_kv_cache(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
-        num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale,
-        v_scale=v_scale, return_kv=return_kv, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias,
-        weight_offset=weight_offset, inplace=inplace, mrope_section=mrope_section,
-        mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias,
-                  key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
-                  k_scale=k_scale, v_scale=v_scale)
+    return launch(_CACHE, locals(), validation.split_qkv_rmsnorm_rope_kv_cache)
+
+
+_CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope_kv_cache")

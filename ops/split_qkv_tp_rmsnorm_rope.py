@@ -21,7 +21,7 @@ division by the model's ``Hkv_total*D``).
 
 Launches
 --------
-Two kernels around one collective: kernel 1 (:func:`_sums_kernel`, here) writes the ``[T, 2]``
+Two kernels around one collective: kernel 1 (:func:`sums_kernel`, here) writes the ``[T, 2]``
 fp32 sums of squares; the all-reduce sums them over the group (a ``ProcessGroup``:
 ``dist.all_reduce(sums, group=...)`` in place; a callable: ``sums = f(sums)``); kernel 2 is the
 prologue's kernel (``ops/split_qkv_rmsnorm_rope.py``) compiled with ``NORM_SUMS`` (rstd from the
@@ -46,11 +46,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
-from .split_qkv_rmsnorm_rope import launch as _launch_prologue
+from . import launch_cache, validation
+from .split_qkv_rmsnorm_rope import Prepared, launch
 from .tiling import KernelShape, SumsPlan, sums_plan_for
+from .triton_launcher import BoundKernel
 
-__all__ = ["partial_sums", "split_qkv_tp_rmsnorm_rope"]
+__all__ = ["PreparedTP", "partial_sums", "split_qkv_tp_rmsnorm_rope"]
 
 
 @triton.jit
@@ -66,7 +67,7 @@ def _sum_squares(row_ptr, tok_ok, cols, COLS: tl.constexpr, BLOCK_C: tl.constexp
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def _sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
+def sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
                  Q_COLS: tl.constexpr, K_COLS: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_CQ: tl.constexpr, BLOCK_CK: tl.constexpr):
     """``sums[t] = (sum of x**2 over q's Q_COLS columns, over k's K_COLS columns)`` in fp32, for
@@ -84,13 +85,13 @@ def _sums_kernel(qkv_ptr, sums_ptr, num_tokens, qkv_stride,
         tl.store(sums_ptr + tok.to(tl.int64)[:, None] * 2 + which[None, :], both, mask=tok_ok[:, None])
 
 
-def _sums_constexprs(shape: KernelShape, plan: SumsPlan) -> dict:
+def sums_constexprs(shape: KernelShape, plan: SumsPlan) -> dict:
     """Kernel 1's compile-time arguments for one rank's geometry and plan."""
     return dict(Q_COLS=shape.num_q_heads * shape.head_dim, K_COLS=shape.num_kv_heads * shape.head_dim,
                 BLOCK_T=plan.block_tokens, BLOCK_CQ=plan.block_cols_q, BLOCK_CK=plan.block_cols_k)
 
 
-def _sums_signature(dtype: str) -> dict:
+def sums_signature(dtype: str) -> dict:
     """Kernel 1's run-time argument types (Triton's spelling of qkv's dtype), for compiling ahead
     of time (the lowering and compile checks)."""
     return {"qkv_ptr": f"*{dtype}", "sums_ptr": "*fp32", "num_tokens": "i32", "qkv_stride": "i32"}
@@ -99,19 +100,12 @@ def _sums_signature(dtype: str) -> dict:
 def partial_sums(call: validation.Call, qkv: torch.Tensor) -> torch.Tensor:
     """Kernel 1: this rank's ``[T, 2]`` fp32 sums of squares of q's and k's columns for a call
     :func:`.validation.split_qkv_tp_rmsnorm_rope` has passed (nothing is launched at ``T == 0``)."""
-    shape, num_tokens = call.shape, call.num_tokens
-    sums = torch.empty((num_tokens, 2), dtype=torch.float32, device=qkv.device)
-    if num_tokens == 0:
-        return sums
-    plan = sums_plan_for(qkv.device, shape)
-    _sums_kernel[(plan.grid(num_tokens),)](qkv, sums, num_tokens, qkv.stride(0),
-                                           **_sums_constexprs(shape, plan), **plan.launch_options)
-    return sums
+    return PreparedTP(call, {"qkv": qkv}).sums(qkv)
 
 
 def _all_reduce(sums: torch.Tensor, all_reduce) -> torch.Tensor:
     """Sum ``sums`` over the TP group: in place on a ``ProcessGroup``, or through the callable."""
-    if validation._is_process_group(all_reduce):
+    if validation.is_process_group(all_reduce):
         torch.distributed.all_reduce(sums, group=all_reduce)
         return sums
     return all_reduce(sums)
@@ -164,24 +158,43 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
         On a bad argument, naming it (:func:`.validation.split_qkv_tp_rmsnorm_rope`), and on CPU
         tensors without Triton's interpreter.
     """
-    call = validation.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                                                num_kv_heads, head_dim, eps, tp_size=tp_size, all_reduce=all_reduce,
-                                                is_neox=is_neox)
-    return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)
+    return launch(_CACHE, locals(), validation.split_qkv_tp_rmsnorm_rope, PreparedTP)
 
 
-def launch(call: validation.Call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce=None):
-    """Run a call :func:`.validation.split_qkv_tp_rmsnorm_rope` has passed (the selector in
-    ``vllm_ascend_ext.impl`` validates once, then launches through here): the sums, the
-    all-reduce, the prologue kernel; returns ``(q, k, v)``.
+_CACHE = launch_cache.LaunchCache("split_qkv_tp_rmsnorm_rope")
 
-    Raises
-    ------
-    ValueError
-        On CPU tensors without Triton's interpreter.
-    """
-    validation.check_runnable(qkv.device)
-    sums = partial_sums(call, qkv)
-    if call.tp_size > 1 and call.num_tokens > 0:
-        sums = _all_reduce(sums, all_reduce)
-    return _launch_prologue(call, qkv, q_weight, k_weight, cos_sin_cache, positions, norm_sums=sums)
+
+class PreparedTP:
+    """A validated call of ``split_qkv_tp_rmsnorm_rope`` for every token count (the launch
+    cache's entry): the sums kernel bound once, the all-reduce, the prologue's
+    :class:`~.split_qkv_rmsnorm_rope.Prepared` with ``NORM_SUMS``."""
+
+    def __init__(self, call: validation.Call, args: dict):
+        self.call = call
+        self.prologue = Prepared(call, args)
+        self.tokens_agree = self.prologue.tokens_agree
+        self._plan = sums_plan_for(self.prologue.device, call.shape)
+        self._bound = None
+
+    def sums(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Kernel 1 on ``qkv``: its ``[T, 2]`` fp32 sums (unlaunched at ``T == 0`` or on meta)."""
+        num_tokens = qkv.shape[0]
+        sums = torch.empty((num_tokens, 2), dtype=torch.float32, device=qkv.device)
+        if num_tokens == 0 or not self.prologue.launches:
+            return sums
+        grid = self._plan.grid(num_tokens)
+        if self._bound is None:
+            self._bound = BoundKernel(sums_kernel, dict(qkv_ptr=0, sums_ptr=1),
+                                      dict(qkv_stride=qkv.stride(0), num_tokens=num_tokens,
+                                           **sums_constexprs(self.call.shape, self._plan),
+                                           **self._plan.launch_options),
+                                      (qkv, sums), runtime=("num_tokens",), grid=grid)
+        self._bound(grid, (qkv, sums), (num_tokens,))
+        return sums
+
+    def run(self, args: dict):
+        """The sums, their all-reduce over the group (``tp_size > 1``), the prologue: ``(q, k, v)``."""
+        sums = self.sums(args["qkv"])
+        if self.call.tp_size > 1 and sums.shape[0] > 0:
+            sums = _all_reduce(sums, args["all_reduce"])
+        return self.prologue.run(args, norm_sums=sums)

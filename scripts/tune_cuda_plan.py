@@ -7,7 +7,7 @@ and prints, per (geometry, T), the current plan (``ops/tiling/cuda.py``) beside 
 combination. First it times two latency probes: one dependent load chain as the op has at one
 token (positions -> cos/sin row -> store) and a single load -> store, to show what a one-token
 launch cannot beat. The numbers back the constants in ``ops/tiling/cuda.py``; log them in
-``docs/perf-notes.md``.
+``docs/performance.md``.
 """
 
 import argparse
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend_ext.bench import _Timer, bytes_moved, copy_bandwidth, launch_floor, make_inputs
+from vllm_ascend_ext.bench import Timer, bytes_moved, copy_bandwidth, launch_floor, make_inputs
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope, tiling
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--json", help="write every measurement here")
     args = parser.parse_args()
     device = torch.device("cuda")
-    timer = _Timer(device, 0)
+    timer = Timer(device, 0)
     facts = cuda_facts(torch.cuda.current_device())
     bandwidth, launch = copy_bandwidth(device, timer), launch_floor(device, timer)
     pos = torch.tensor([5], device=device)

@@ -37,3 +37,13 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full")])
         items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_caches():
+    """Each test starts with empty launch caches: tests patch plans and allocators that a
+    prepared call would otherwise keep from an earlier test."""
+    from vllm_ascend_ext.ops import launch_cache
+
+    launch_cache.clear()
+    yield

@@ -13,7 +13,7 @@ bytes, exactly the buffers the kernel's ``TPipe::InitBuffer`` calls allocate, an
 packs the :class:`Tiling` struct (a ctypes mirror of ``split_qkv_rmsnorm_rope_tiling.h``) that
 every vector core reads.
 
-Torch ops (namespace ``vllm_ascend_ext``; schemas from :func:`vllm_ascend_ext.custom_ops.schemas`,
+Torch ops (namespace ``vllm_ascend_ext``; schemas from :func:`vllm_ascend_ext.schema.schemas`,
 the one spelling of the argument list):
 
 * ``split_qkv_rmsnorm_rope_ascendc(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -21,7 +21,7 @@ the one spelling of the argument list):
   weight_offset=0.0, mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False)
   -> (q, k, v, gate)``: new q ``[T, Hq*D]`` and k ``[T, Hkv*D]``; v ``[T, Hkv*D]`` with
   ``v_norm`` and ``[T, 0]`` otherwise, gate ``[T, Hq*D]`` with ``q_gate`` and ``[T, 0]``
-  otherwise (the custom op's outputs, sized by ``custom_ops.fake_outputs``);
+  otherwise (the custom op's outputs, sized by ``schema.fake_outputs``);
 * ``split_qkv_rmsnorm_rope_ascendc_(qkv!, ...) -> ()``: the same, written into ``qkv`` (and
   ``qkv``'s autograd version counter bumped, as the Triton op does).
 
@@ -36,7 +36,7 @@ any launch callable: the tests register the host build of the kernel on the CPU 
 op (``inplace`` flag; returns ``(q, k, v)``, and the gate after them with ``q_gate``).
 
 The KV-cache write: ``split_qkv_rmsnorm_rope_kv_cache_ascendc`` (the custom op's schema,
-``custom_ops.KV_CACHE_SCHEMA``) and ``..._ascendc_`` (in place), built by :func:`make_kv_impl`,
+``schema.KV_CACHE_SCHEMA``) and ``..._ascendc_`` (in place), built by :func:`make_kv_impl`,
 validated by ``validation.split_qkv_rmsnorm_rope_kv_cache`` then :func:`unsupported_reason`
 (layouts :data:`KV_LAYOUTS`, a cache of qkv's dtype or int8); :func:`split_qkv_rmsnorm_rope_kv_cache`
 is the Python API of the Triton op ``ops.split_qkv_rmsnorm_rope_kv_cache``. :func:`tiling` takes
@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from . import custom_ops
+from . import schema
 from .ops import settings, validation
 from .ops.tiling import PlanBase
 
@@ -426,12 +426,12 @@ def unsupported_reason(
 def _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
               *, is_neox, q_bias, k_bias, weight_offset, inplace, mrope_section=None, mrope_interleaved=False,
               q_gate=False, v_norm=False, fake: bool = False) -> validation.Call:
-    """The op's one validator (``custom_ops.validate_fake``'s form in fakes), then the kernel's limits.
+    """The op's one validator (``schema.validate_fake``'s form in fakes), then the kernel's limits.
 
     ``ValueError`` naming the argument either way; a variant the kernel does not serve (its
     :attr:`~vllm_ascend_ext.ops.validation.Call.features`) is refused by name.
     """
-    validate = custom_ops.validate_fake if fake else validation.split_qkv_rmsnorm_rope
+    validate = schema.validate_fake if fake else validation.split_qkv_rmsnorm_rope
     call = validate(
         qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
         is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
@@ -539,8 +539,8 @@ def tiling(
 
 
 # --- torch ops ------------------------------------------------------------------------------------
-_lib = torch.library.Library(custom_ops.NAMESPACE, "FRAGMENT")
-for _schema in custom_ops.schemas(OP_NAME):
+_lib = torch.library.Library(schema.NAMESPACE, "FRAGMENT")
+for _schema in schema.schemas(OP_NAME):
     _lib.define(_schema)
 
 
@@ -553,7 +553,7 @@ def _outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, ..
     refuses it) and ``[T, 0]`` otherwise.
     """
     if not call.inplace:
-        return custom_ops.fake_outputs(qkv, call.shape)
+        return schema.fake_outputs(qkv, call.shape)
     shape = call.shape
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     tokens = qkv.shape[0]
@@ -561,16 +561,16 @@ def _outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, ..
     return qkv[:, :q_cols], qkv[:, q_cols:q_cols + kv_cols], v, qkv.new_empty((tokens, 0))
 
 
-@torch.library.register_fake(f"{custom_ops.NAMESPACE}::{OP_NAME}", lib=_lib)
+@torch.library.register_fake(f"{schema.NAMESPACE}::{OP_NAME}", lib=_lib)
 def _fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
           is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
     call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
                      is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
                      fake=True, **features)
-    return custom_ops.fake_outputs(qkv, call.shape)
+    return schema.fake_outputs(qkv, call.shape)
 
 
-@torch.library.register_fake(f"{custom_ops.NAMESPACE}::{INPLACE_OP_NAME}", lib=_lib)
+@torch.library.register_fake(f"{schema.NAMESPACE}::{INPLACE_OP_NAME}", lib=_lib)
 def _fake_inplace(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6,
                   *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
     _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
@@ -598,9 +598,9 @@ def make_impl(launch, inplace: bool):
     -------
     callable
         The implementation, with the op's schema as its signature (the variants' keyword
-        arguments :data:`vllm_ascend_ext.custom_ops.FEATURES` included), to register with
+        arguments :data:`vllm_ascend_ext.schema.FEATURES` included), to register with
         ``torch.library.Library.impl`` under :data:`OP_NAME` or :data:`INPLACE_OP_NAME`. The
-        functional one returns ``(q, k, v, gate)`` as ``custom_ops.fake_outputs`` sizes them.
+        functional one returns ``(q, k, v, gate)`` as ``schema.fake_outputs`` sizes them.
     """
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
@@ -623,13 +623,13 @@ def make_impl(launch, inplace: bool):
 
 # --- split_qkv_rmsnorm_rope_kv_cache --------------------------------------------------------------
 def kv_schemas() -> tuple[str, str]:
-    """The AscendC KV-cache ops' schemas: the custom op's (``custom_ops.KV_CACHE_SCHEMA``, the one
+    """The AscendC KV-cache ops' schemas: the custom op's (``schema.KV_CACHE_SCHEMA``, the one
     spelling) under :data:`KV_OP_NAME`, and in place (``qkv`` mutable, nothing returned) under
     :data:`KV_INPLACE_OP_NAME`."""
-    base = custom_ops.KV_CACHE_SCHEMA
-    prefix = f"{custom_ops.KV_CACHE_OP_NAME}(Tensor qkv"
+    base = schema.KV_CACHE_SCHEMA
+    prefix = f"{schema.KV_CACHE_OP_NAME}(Tensor qkv"
     assert base.startswith(prefix)
-    functional = KV_OP_NAME + base[len(custom_ops.KV_CACHE_OP_NAME):]
+    functional = KV_OP_NAME + base[len(schema.KV_CACHE_OP_NAME):]
     inplace = f"{KV_INPLACE_OP_NAME}(Tensor(c!) qkv" + base[len(prefix):].rsplit(" -> ", 1)[0] + " -> ()"
     return functional, inplace
 
@@ -641,11 +641,11 @@ for _schema in kv_schemas():
 def _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
                  num_q_heads, num_kv_heads, head_dim, eps, *, cache_layout, k_scale, v_scale, return_kv,
                  fake: bool = False, **prologue) -> validation.Call:
-    """The KV-cache op's one validator (``custom_ops.validate_kv_cache_fake``'s form in fakes, which
+    """The KV-cache op's one validator (``schema.validate_kv_cache_fake``'s form in fakes, which
     takes ``value_cache=None`` for a one-tensor layout), then the kernel's limits by name: the
     layout, the cache dtype and the variants."""
     if fake:
-        call = custom_ops.validate_kv_cache_fake(
+        call = schema.validate_kv_cache_fake(
             qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
             num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
             return_kv=return_kv, **prologue)
@@ -666,11 +666,11 @@ def _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, v
 
 def _kv_outputs(qkv: torch.Tensor, call: validation.Call) -> tuple[torch.Tensor, ...]:
     """What the KV-cache kernel writes besides the caches, ``(q, k, v, gate)``: as
-    ``custom_ops.fake_outputs(..., return_kv=...)`` sizes them (k ``[T, Hkv*D]`` only with
+    ``schema.fake_outputs(..., return_kv=...)`` sizes them (k ``[T, Hkv*D]`` only with
     ``return_kv``, v only with ``return_kv`` and ``v_norm``), new or (in place) qkv's columns."""
     return_kv = call.kv_cache.return_kv
     if not call.inplace:
-        return custom_ops.fake_outputs(qkv, call.shape, return_kv=return_kv)
+        return schema.fake_outputs(qkv, call.shape, return_kv=return_kv)
     shape, tokens = call.shape, qkv.shape[0]
     q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     empty = qkv.new_empty((tokens, 0))
@@ -687,13 +687,13 @@ def _kv_fake(inplace: bool):
                             slot_mapping, num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout,
                             k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, inplace=inplace, fake=True,
                             **prologue)
-        return None if inplace else custom_ops.fake_outputs(qkv, call.shape, return_kv=return_kv)
+        return None if inplace else schema.fake_outputs(qkv, call.shape, return_kv=return_kv)
 
     return fake
 
 
-torch.library.register_fake(f"{custom_ops.NAMESPACE}::{KV_OP_NAME}", _kv_fake(False), lib=_lib)
-torch.library.register_fake(f"{custom_ops.NAMESPACE}::{KV_INPLACE_OP_NAME}", _kv_fake(True), lib=_lib)
+torch.library.register_fake(f"{schema.NAMESPACE}::{KV_OP_NAME}", _kv_fake(False), lib=_lib)
+torch.library.register_fake(f"{schema.NAMESPACE}::{KV_INPLACE_OP_NAME}", _kv_fake(True), lib=_lib)
 
 
 def make_kv_impl(launch, inplace: bool):
@@ -715,14 +715,14 @@ def make_kv_impl(launch, inplace: bool):
     -------
     callable
         The implementation, with the KV-cache op's schema as its signature; the functional one
-        returns ``(q, k, v, gate)`` as ``custom_ops.fake_outputs(..., return_kv=return_kv)``
+        returns ``(q, k, v, gate)`` as ``schema.fake_outputs(..., return_kv=return_kv)``
         sizes them.
     """
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
              num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
              **prologue):
-        value_cache = custom_ops.value_cache_of(key_cache, value_cache, cache_layout)
+        value_cache = schema.value_cache_of(key_cache, value_cache, cache_layout)
         call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
                             slot_mapping, num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout,
                             k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, inplace=inplace, **prologue)

@@ -83,7 +83,9 @@ COPY_BAR_SMALL_TOKENS = 256
 OP = "split_qkv_rmsnorm_rope"
 KV_OP = "split_qkv_rmsnorm_rope_kv_cache"
 KV_PROVIDERS = ("ours_kv", "ours+scatter", "ours", "copy_kv")
-OPS = {OP: PROVIDERS, KV_OP: KV_PROVIDERS}
+MLA_OP = "split_qkv_rmsnorm_rope_mla"  # issue 30: its run is vllm_ascend_ext.bench_mla.run_mla
+MLA_PROVIDERS = ("ours", "vllm", "copy")
+OPS = {OP: PROVIDERS, KV_OP: KV_PROVIDERS, MLA_OP: MLA_PROVIDERS}
 #: Providers whose outputs are checked against the float64 reference (``check_rows``).
 CHECKED_PROVIDERS = ("ours", "ours_kv", "ours+scatter", "ours_tp")
 #: The KV-cache run: block size of its ``nhd`` bf16 caches, and calls captured in one graph for
@@ -170,17 +172,17 @@ def default_providers(device_type: str, op: str = OP) -> tuple[str, ...]:
     device_type : str
         ``"cuda"``, ``"npu"`` or ``"cpu"``.
     op : str
-        :data:`OP` or :data:`KV_OP`.
+        A key of :data:`OPS`.
 
     Returns
     -------
     tuple of str
         For :data:`OP`, all of :data:`PROVIDERS` on an accelerator; on ``"cpu"`` eager and ours
         (Inductor's CPU compile of every shape would take minutes and time nothing that matters).
-        For :data:`KV_OP`, all of :data:`KV_PROVIDERS` everywhere.
+        For any other op (:data:`KV_OP`, :data:`MLA_OP`), all of its providers everywhere.
     """
-    if op == KV_OP:
-        return KV_PROVIDERS
+    if op != OP:
+        return OPS[op]
     return ("eager", "ours") if device_type == "cpu" else PROVIDERS
 
 
@@ -316,7 +318,7 @@ def bytes_moved(geometry, tokens: int, elem_bytes: int = 2, cache_bytes: int = 4
     return tokens * (2 * heads * geometry.head_dim * elem_bytes + rows * geometry.rotary_dim * cache_bytes)
 
 
-def _max_rel_err(outputs, reference) -> float:
+def max_rel_err(outputs, reference) -> float:
     err = 0.0
     for out, ref in zip(outputs, reference):
         scale = ref.abs().max().item() or 1.0
@@ -324,7 +326,7 @@ def _max_rel_err(outputs, reference) -> float:
     return err
 
 
-class _Timer:
+class Timer:
     """Times one zero-argument callable on a device: microseconds per call."""
 
     def __init__(self, device: torch.device, reps: int):
@@ -367,12 +369,12 @@ class _Timer:
         return statistics.median(times)
 
 
-def copy_bandwidth(device: torch.device, timer: _Timer) -> float:
+def copy_bandwidth(device: torch.device, timer: Timer) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write) of a 1 GiB buffer (CUDA/NPU).
 
     The better of ``Tensor.copy_`` and a plain Triton copy kernel: on the H200 a captured
     ``copy_`` becomes a copy-engine memcpy that reached 2.7 TB/s where SM loads and stores reach
-    4.2 (perf-notes v1), and the floor must be what the SMs can do.
+    4.2 (docs/performance.md, v1), and the floor must be what the SMs can do.
     """
     if device.type == "cpu":
         return float("nan")
@@ -388,20 +390,20 @@ COPY_CONFIGS = ((2048, 4), (8192, 8))
 #: Timings of every other provider in a row, the best counting: as many as the copy has
 #: configurations, so both sides of a ratio to the copy are a best of two (with one timing of ours
 #: against the copy's best of two, a v12 run read the gated layer at T = 8 1.31 against a copy
-#: 0.4 us under the same run's copy at T = 1: perf-notes v12).
+#: 0.4 us under the same run's copy at T = 1: docs/performance.md, v12).
 TIMINGS_PER_ROW = len(COPY_CONFIGS)
 
 
-def copy_replay(device: torch.device, timer: _Timer, nbytes: int) -> float:
+def copy_replay(device: torch.device, timer: Timer, nbytes: int, calls: int = 1) -> float:
     """Microseconds of a plain Triton copy of ``nbytes`` (half read, half written), timed like
     every provider: launch, ramp-up and tail included, so a row can be held against what a
-    kernel moving the same bytes reaches (CUDA/NPU; NaN on CPU)."""
+    kernel moving the same bytes reaches (CUDA/NPU; NaN on CPU); ``calls`` as :class:`Timer`'s."""
     if device.type == "cpu":
         return float("nan")
     n = max(1, nbytes // 4)  # int16 elements: n read and n written
     src = torch.zeros(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
-    return min(timer(functools.partial(_triton_copy, src, dst, block, warps))
+    return min(timer(functools.partial(_triton_copy, src, dst, block, warps), calls)
                for block, warps in COPY_CONFIGS)
 
 
@@ -413,7 +415,7 @@ def _triton_copy(src: torch.Tensor, dst: torch.Tensor, block: int, warps: int) -
     _jit_helpers()[1][(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=warps)
 
 
-def launch_floor(device: torch.device, timer: _Timer) -> float:
+def launch_floor(device: torch.device, timer: Timer) -> float:
     """Microseconds of an empty Triton kernel, timed like every provider (graph replay on CUDA)."""
     if device.type == "cpu":
         return float("nan")
@@ -523,25 +525,25 @@ def _providers(names, compiled):
     return {name: table[name] for name in names}
 
 
-def _checked_tokens(tokens, is_cpu: bool) -> tuple[int, ...]:
+def checked_tokens(tokens, is_cpu: bool) -> tuple[int, ...]:
     tokens = tuple(tokens or (CPU_TOKENS if is_cpu else GPU_TOKENS))
     if any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tokens):
         raise ValueError(f"tokens must be positive ints, got {tokens!r}")
     return tokens
 
 
-def _checked_providers(providers, known: tuple[str, ...]) -> tuple[str, ...]:
+def checked_providers(providers, known: tuple[str, ...]) -> tuple[str, ...]:
     providers = tuple(known if providers is None else providers)
     if not providers or any(p not in known for p in providers):
         raise ValueError(f"providers must be a non-empty subset of {known}, got {providers!r}")
     return providers
 
 
-def _meta(device: torch.device, op: str) -> dict:
+def run_meta(device: torch.device, op: str) -> dict:
     from vllm_ascend_ext.ops import settings
 
     return {"op": op, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-            "torch": torch.__version__, "triton": _triton_version(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton_version(), "python": platform.python_version(),
             "interpreter": settings.triton_interpret()}
 
 
@@ -592,10 +594,10 @@ def run(device: torch.device, tokens=None, providers=None, geometries=None,
     from vllm_ascend_ext.ops.reference import split_qkv_rmsnorm_rope as reference
 
     is_cpu = device.type == "cpu"
-    tokens = _checked_tokens(tokens, is_cpu)
-    providers = _checked_providers(providers, PROVIDERS)
+    tokens = checked_tokens(tokens, is_cpu)
+    providers = checked_providers(providers, PROVIDERS)
     geometries = tuple(geometries or BENCH_GEOMETRIES)
-    timer = _Timer(device, reps or (3 if is_cpu else 50))
+    timer = Timer(device, reps or (3 if is_cpu else 50))
     if "compile" in providers:
         import torch._dynamo as dynamo
 
@@ -620,11 +622,11 @@ def run(device: torch.device, tokens=None, providers=None, geometries=None,
             for provider, fn in fns.items():
                 if progress:
                     progress(f"{name} tp{tp} T={count} {provider}")
-                err = _max_rel_err(fn(**args), ref)
+                err = max_rel_err(fn(**args), ref)
                 us = min(timer(lambda: fn(**args)) for _ in range(TIMINGS_PER_ROW))
                 rows.append(Row(name, tp, geometry.label, count, provider, us, err, nbytes, floor, launch,
                                 copy_us))
-    meta = _meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
+    meta = run_meta(device, OP) | {"copy_bandwidth_GBps": bandwidth / 1e9, "launch_floor_us": launch}
     return {"rows": rows, "meta": meta}
 
 
@@ -690,9 +692,9 @@ def _kv_error(provider: str, out, ref, cache: dict, expected) -> float:
     """Largest error of a provider's outputs and of the caches it left, relative to each one's scale
     (k's and v's for the caches: a sentinel overwritten by anything shows as a large error)."""
     if provider == "ours":
-        return _max_rel_err(out, ref)
+        return max_rel_err(out, ref)
     pairs = list(zip(out, ref)) if provider == "ours+scatter" else [(out[0], ref[0])] + list(zip(out[3:], ref[3:]))
-    err = _max_rel_err(*zip(*pairs))
+    err = max_rel_err(*zip(*pairs))
     for name, want, y in (("key_cache", expected[0], ref[1]), ("value_cache", expected[1], ref[2])):
         scale = y.abs().max().item() or 1.0
         err = max(err, (cache[name].cpu().double() - want).abs().max().item() / scale)
@@ -739,13 +741,13 @@ def run_kv_cache(device: torch.device, tokens=None, providers=None, geometries=N
     from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
 
     is_cpu = device.type == "cpu"
-    tokens = _checked_tokens(tokens, is_cpu)
-    providers = _checked_providers(providers, KV_PROVIDERS)
+    tokens = checked_tokens(tokens, is_cpu)
+    providers = checked_providers(providers, KV_PROVIDERS)
     calls = calls if calls is not None else (CPU_AMORTISED_CALLS if is_cpu else AMORTISED_CALLS)
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
         raise ValueError(f"calls must be a positive int, got {calls!r}")
     geometries = tuple(geometries or BENCH_GEOMETRIES)
-    timer = _Timer(device, reps or (3 if is_cpu else 50))
+    timer = Timer(device, reps or (3 if is_cpu else 50))
     launch = launch_floor(device, timer)
     rows = []
     for name, tp in geometries:
@@ -771,12 +773,12 @@ def run_kv_cache(device: torch.device, tokens=None, providers=None, geometries=N
                 us = min(timer(fn) for fn in fns)
                 us_amortised = min(timer(fn, calls) for fn in fns)
                 rows.append(KVRow(name, tp, geometry.label, count, provider, us, us_amortised, calls, err, nbytes))
-    meta = _meta(device, KV_OP) | {"launch_floor_us": launch, "amortised_calls": calls, "cache_layout": "nhd",
+    meta = run_meta(device, KV_OP) | {"launch_floor_us": launch, "amortised_calls": calls, "cache_layout": "nhd",
                                    "cache_dtype": "bf16", "block_size": KV_BLOCK_SIZE}
     return {"rows": rows, "meta": meta}
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
     try:
         import triton
 
@@ -1344,8 +1346,8 @@ def run_tp(device: torch.device, group, tokens=None, providers=None, geometries=
 
     is_cpu = device.type == "cpu"
     tokens = tuple(tokens or (TP_CPU_TOKENS if is_cpu else GPU_TOKENS))
-    _checked_tokens(tokens, is_cpu)
-    providers = _checked_providers(providers, TP_PROVIDERS)
+    checked_tokens(tokens, is_cpu)
+    providers = checked_providers(providers, TP_PROVIDERS)
     geometries = tuple(geometries or ((TP_MODEL, model(TP_MODEL)),))
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     timer = _TPTimer(device, group, reps or 3)
@@ -1356,7 +1358,7 @@ def run_tp(device: torch.device, group, tokens=None, providers=None, geometries=
             args, ref = make_tp_inputs(full, count, tp, rank, device, seed=count)
             nbytes = bytes_moved(local, count)
             for provider, fns in _tp_providers(providers, args, group, device, count, nbytes).items():
-                err = float("nan") if provider == "copy+allreduce" else _max_rel_err(fns[0](), ref)
+                err = float("nan") if provider == "copy+allreduce" else max_rel_err(fns[0](), ref)
                 timed = [timer(fn, f"{name} tp{tp} T={count} {provider} rank {rank}") for fn in fns]
                 us, how = min(timed)
                 row = TPRow(name, tp, rank, local.label, count, provider, us, err, nbytes, how)
@@ -1365,7 +1367,7 @@ def run_tp(device: torch.device, group, tokens=None, providers=None, geometries=
                     progress(f"[rank {rank}] {name} tp{tp} {local.label} T={count} {provider}: {us:.2f} us "
                              f"({how}), err {err:.1e}")
             del args, ref
-    meta = _meta(device, TP_OP) | {"tp": tp, "collective": dist.get_backend(group),
+    meta = run_meta(device, TP_OP) | {"tp": tp, "collective": dist.get_backend(group),
                                    "timing": sorted({r.timing for r in rows}), "capture_fallbacks": timer.fallbacks}
     if device.type == "cuda":
         meta["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -1550,7 +1552,7 @@ def run_tp_ranks(ranks: int, backend: str | None = None, tokens=None, providers=
         raise ValueError(f"ranks must be an int >= 2, got {ranks!r}")
     if backend == "cuda" and ranks > torch.cuda.device_count():
         raise ValueError(f"ranks={ranks} but {torch.cuda.device_count()} CUDA devices are visible (one per rank)")
-    _checked_providers(providers, TP_PROVIDERS)
+    checked_providers(providers, TP_PROVIDERS)
     if backend == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks
     options = dict(tokens=tuple(tokens) if tokens else None, providers=providers, geometries=geometries,

@@ -38,11 +38,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from .ops import settings, validation
+from .ops import launch_cache, settings, validation
 
 __all__ = [
     "ENV_IMPL",
@@ -66,6 +67,9 @@ logger = logging.getLogger("vllm_ascend_ext")
 
 _triton_failures: dict[tuple, str] = {}
 _warned: set[str] = set()
+#: The selector's routes per op: the launch-cache entry (Triton) or the AscendC op per key.
+_ROUTES = {op: launch_cache.LaunchCache(f"impl.{op}") for op in
+           ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_tp_rmsnorm_rope")}
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ def record_triton_failure(key: tuple, reason: str) -> None:
     serves that geometry with AscendC. Whoever records a failure says so (the worker hook logs
     one warning naming the geometry); the selector does not warn again when it routes it."""
     _triton_failures[key] = reason
+    launch_cache.clear()  # routes chosen before now may have been Triton's
 
 
 def _triton_installed() -> bool:
@@ -257,30 +262,60 @@ def _choose(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tenso
                                         shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
 
 
-def _route(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tensor, weights: tuple, op: str,
-           triton, ascendc=None, kv_dtype: torch.dtype | None = None):
-    """The routers' one tail: choose for the validated ``call``, then run ``ascendc()`` or
-    ``triton()`` (callables taking nothing). An op with no AscendC twin (``ascendc=None``) gets
-    AscendC from :func:`choose_impl` only if its features were served, which they are not: that
-    would be a bug, refused here rather than run on the wrong kernel."""
-    choice = _choose(call, qkv, cos_sin_cache, weights, op, kv_dtype=kv_dtype)
-    if choice.impl == "ascendc":
-        if ascendc is None:
-            raise RuntimeError(f"{op}: AscendC was chosen but has no implementation of this op")
-        return ascendc()
-    return triton()
+class _AscendCRoute:
+    """The selector's cache entry when AscendC serves a call: the AscendC op on the arguments."""
+
+    def __init__(self, op, tokens_agree):
+        self._op = op
+        self.tokens_agree = tokens_agree
+
+    def run(self, args: dict):
+        return self._op(**args)
+
+
+#: Each routed op: its launch-cache entry's module and class under ``vllm_ascend_ext.ops``
+#: (its validator is ``validation.<op>``), and whether it writes a KV cache.
+_TRITON_ENTRIES = {"split_qkv_rmsnorm_rope": ("split_qkv_rmsnorm_rope", "Prepared", False),
+                   "split_qkv_rmsnorm_rope_kv_cache": ("split_qkv_rmsnorm_rope", "Prepared", True),
+                   "split_qkv_tp_rmsnorm_rope": ("split_qkv_tp_rmsnorm_rope", "PreparedTP", False)}
+
+
+def _route(op: str, args: dict):
+    """The routers' one body: the cached route for ``args`` (the op's arguments by name), made on
+    a miss by validating once (``validation.<op>``) and choosing (:func:`_choose`); then run. The
+    key is the op's launch-cache key plus ``VLLM_ASCEND_EXT_IMPL`` as set now
+    (:func:`~vllm_ascend_ext.ops.settings.impl_as_set`). An op with no AscendC twin gets AscendC
+    from :func:`choose_impl` only if its features were served, which they are not: that would be
+    a bug, refused here rather than run on the wrong kernel."""
+    module, entry, kv = _TRITON_ENTRIES[op]
+    name = f"{__package__}.ops.{module}"
+    triton_module = sys.modules.get(name) or importlib.import_module(name)
+
+    def make(call, args):
+        kv_dtype = args["key_cache"].dtype if kv else None
+        weights = tuple(args.get(name) for name in ("q_weight", "k_weight", "q_bias", "k_bias"))
+        choice = _choose(call, args["qkv"], args["cos_sin_cache"], weights, op, kv_dtype=kv_dtype)
+        if choice.impl == "ascendc":
+            from . import ascendc
+
+            if not hasattr(ascendc, op):
+                raise RuntimeError(f"{op}: AscendC was chosen but has no implementation of this op")
+            return _AscendCRoute(getattr(ascendc, op), lambda args: True)
+        return getattr(triton_module, entry)(call, args)
+
+    return triton_module.launch(_ROUTES[op], args, getattr(validation, op), make, extra=settings.impl_as_set())
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
                            head_dim, eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0,
-                           inplace=False, **features):
+                           inplace=False, mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
     """The Triton op's API, routed by :func:`choose_impl`: what the custom ops run.
 
     Parameters and results are those of :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`
-    (``(q, k, v)``, and the gate with ``q_gate``); ``features`` are its keyword arguments
-    ``mrope_section``, ``mrope_interleaved``, ``q_gate`` and ``v_norm``. The arguments go through the op's one validator
-    before anything is chosen, so a bad call fails the same way whichever implementation would
-    have served it.
+    (``(q, k, v)``, and the gate with ``q_gate``). The arguments go through the op's one
+    validator before anything is chosen, so a bad call fails the same way whichever
+    implementation would have served it; validation and choice are cached per launch-cache key
+    (:mod:`vllm_ascend_ext.ops.launch_cache`), so a later call of the same key launches at once.
 
     Raises
     ------
@@ -290,39 +325,23 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     RuntimeError
         When no implementation can serve the call (:func:`choose_impl`).
     """
-    call = validation.split_qkv_rmsnorm_rope(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
-        **features)
-    def ascendc():
-        from .ascendc import split_qkv_rmsnorm_rope as op
-
-        return op(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-                  is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
-                  **features)
-
-    def triton():
-        from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
-
-        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias)
-
-    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias), "split_qkv_rmsnorm_rope",
-                  triton, ascendc)
+    return _route("split_qkv_rmsnorm_rope", locals())
 
 
 def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
                                     slot_mapping, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
-                                    cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False, **prologue):
+                                    cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False, is_neox=True,
+                                    q_bias=None, k_bias=None, weight_offset=0.0, inplace=False, mrope_section=None,
+                                    mrope_interleaved=False, q_gate=False, v_norm=False):
     """The fused prologue with the paged KV-cache write, routed by :func:`choose_impl`.
 
     Parameters and results are those of
-    :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`; ``prologue`` are its keyword
-    arguments ``is_neox``, ``q_bias``, ``k_bias``, ``weight_offset``, ``inplace`` and the
-    variants. Validated once by the op's one validator, then routed by :func:`choose_impl` as
-    the prologue is: ``auto`` runs Triton where it can, else the AscendC twin
-    (:func:`vllm_ascend_ext.ascendc.split_qkv_rmsnorm_rope_kv_cache`) where it serves the call
-    (layouts ``nhd``/``nz``, a cache of qkv's dtype or int8); ``VLLM_ASCEND_EXT_IMPL=ascendc`` runs
-    the twin or raises naming the layout or cache dtype it does not write.
+    :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`. Validated once per key by the
+    op's one validator, then routed as the prologue is: ``auto`` runs Triton where it can, else
+    the AscendC twin (:func:`vllm_ascend_ext.ascendc.split_qkv_rmsnorm_rope_kv_cache`) where it
+    serves the call (layouts ``nhd``/``nz``, a cache of qkv's dtype or int8);
+    ``VLLM_ASCEND_EXT_IMPL=ascendc`` runs the twin or raises naming the layout or cache dtype it
+    does not write.
 
     Raises
     ------
@@ -331,27 +350,7 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     RuntimeError
         When no implementation can serve the call (with ``ascendc``: naming what it does not serve).
     """
-    call = validation.split_qkv_rmsnorm_rope_kv_cache(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
-        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
-        return_kv=return_kv, **prologue)
-    q_bias, k_bias = prologue.get("q_bias"), prologue.get("k_bias")
-
-    def ascendc():
-        from .ascendc import split_qkv_rmsnorm_rope_kv_cache as op
-
-        return op(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
-                  num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale,
-                  v_scale=v_scale, return_kv=return_kv, **prologue)
-
-    def triton():
-        from .ops.split_qkv_rmsnorm_rope import launch  # the call is validated: launch it as it is
-
-        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, q_bias, k_bias, key_cache=key_cache,
-                      value_cache=value_cache, slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)
-
-    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight, q_bias, k_bias),
-                  "split_qkv_rmsnorm_rope_kv_cache", triton, ascendc, kv_dtype=key_cache.dtype)
+    return _route("split_qkv_rmsnorm_rope_kv_cache", locals())
 
 
 def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -359,8 +358,8 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     """The q/k norm across heads and TP ranks (MiniMax-M2), routed by :func:`choose_impl`.
 
     Parameters and results are those of :func:`vllm_ascend_ext.ops.split_qkv_tp_rmsnorm_rope`.
-    Validated once, then routed: the call's features include ``"tp_norm"``, which only the Triton
-    op serves (``VLLM_ASCEND_EXT_IMPL=ascendc`` raises naming it).
+    Validated once per key, then routed: the call's features include ``"tp_norm"``, which only
+    the Triton op serves (``VLLM_ASCEND_EXT_IMPL=ascendc`` raises naming it).
 
     Raises
     ------
@@ -369,12 +368,4 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     RuntimeError
         When no implementation can serve the call (with ``ascendc``: always, naming ``tp_norm``).
     """
-    call = validation.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                                                num_kv_heads, head_dim, eps, tp_size=tp_size, all_reduce=all_reduce,
-                                                is_neox=is_neox)
-    def triton():
-        from .ops.split_qkv_tp_rmsnorm_rope import launch  # the call is validated: launch it as it is
-
-        return launch(call, qkv, q_weight, k_weight, cos_sin_cache, positions, all_reduce)
-
-    return _route(call, qkv, cos_sin_cache, (q_weight, k_weight), "split_qkv_tp_rmsnorm_rope", triton)
+    return _route("split_qkv_tp_rmsnorm_rope", locals())

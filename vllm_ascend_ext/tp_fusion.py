@@ -25,7 +25,7 @@ spellings are replaced by ``torch.ops.vllm_ascend_ext.split_qkv_tp_rmsnorm_rope`
 1 or ``tp_world``; its real implementation sums the partial sums over vLLM's TP group, see
 :func:`vllm_ascend_ext.custom_ops.tp_all_reduce`); ``v`` stays qkv's slice. The RoPE is the
 fusion pass's ``native`` form (:data:`vllm_ascend_ext.fusion.NATIVE_ROPE`), traced the way that
-pass traces its patterns (:func:`vllm_ascend_ext.fusion._trace`), one pattern per geometry
+pass traces its patterns (:func:`vllm_ascend_ext.forms.trace`), one pattern per geometry
 (:class:`~vllm_ascend_ext.ops.models.AttentionGeometry` with ``qk_norm_across_heads``: the
 rank's head counts, D, R, eps, style) and activation dtype. Literal arguments (split sizes,
 ``Hq*D``/``Hkv*D``, eps) are checked exactly when a candidate is found, as in the fusion pass.
@@ -83,7 +83,7 @@ def minimax_forward_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
 def minimax_qk_norm_op():
     """``torch.ops.vllm.minimax_qk_norm_fusion.default`` when vLLM's MiniMax norm module is
     loaded in this process, else ``None``."""
-    from .fusion import _op
+    from .forms import lookup_op as _op
 
     return _op("vllm", "minimax_qk_norm_fusion")
 
@@ -91,7 +91,7 @@ def minimax_qk_norm_op():
 def _pattern_fns(geo: AttentionGeometry, qk_norm_op=None):
     """Search and replacement functions for ``geo``: the TP = 1 spelling, or with ``qk_norm_op``
     (vLLM's ``minimax_qk_norm_fusion`` or a stand-in of its schema) the TP > 1 one."""
-    from .fusion import NATIVE_ROPE
+    from .forms import NATIVE_ROPE
 
     d, hq, hkv, eps = geo.head_dim, geo.num_q_heads, geo.num_kv_heads, geo.eps
     sizes = [hq * d, hkv * d, hkv * d]
@@ -133,7 +133,7 @@ def _pattern_fns(geo: AttentionGeometry, qk_norm_op=None):
 
 def _example_inputs(geo: AttentionGeometry, dtype: torch.dtype) -> list[torch.Tensor]:
     """The fusion pass's example qkv, positions and cache, and weights of ``H*D`` values."""
-    from .fusion import _example_inputs as prologue_inputs
+    from .forms import example_inputs as prologue_inputs
 
     d = geo.head_dim
     return [*prologue_inputs(geo, False, dtype), torch.empty(geo.num_q_heads * d, dtype=dtype),
@@ -176,7 +176,7 @@ class TPNormFusion:
         return self._qk_norm_op
 
     def _build(self, geometries) -> pm.PatternMatcherPass:
-        from .fusion import _fake_mode, _trace
+        from .forms import fake_mode as _fake_mode, trace as _trace
 
         op = self.qk_norm_op()
         key = (geometries, str(op), self._dtypes)

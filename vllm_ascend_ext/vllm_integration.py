@@ -195,6 +195,8 @@ class WorkerState:
     unfused: dict[AttentionGeometry, str] = field(default_factory=dict)
     ascendc: dict[AttentionGeometry, str] = field(default_factory=dict)
     digest: str = ""
+    #: The model's MLA geometries (:mod:`vllm_ascend_ext.mla_fusion`), fused by the pass's MLA step.
+    mla_geometries: list = field(default_factory=list)
 
 
 def assigned_device(worker) -> torch.device:
@@ -291,16 +293,21 @@ def after_load_model(worker, state: WorkerState) -> None:
         return
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
     geometries = model_geometries(model)
+    from .mla_fusion import model_mla_geometries
+
+    state.mla_geometries = list(model_mla_geometries(model))
     start = time.perf_counter()
     settle_geometries(state, geometries, dtype)
     exchange_digests(state.digest)
     labels = [g.label + (" (AscendC)" if g in state.ascendc else " (unfused)" if g in state.unfused
                          else "") for g in geometries]
+    labels += [g.label for g in state.mla_geometries]
+    count = len(geometries) + len(state.mla_geometries)
     logger.info(
         "vllm_ascend_ext: rank %d/%d on %s (%s): %d attention geometr%s [%s], plans compiled "
         "in %.2f s, digest %s agreed by all ranks",
         state.rank, state.world_size, state.device, _facts_text(state.facts),
-        len(geometries), "y" if len(geometries) == 1 else "ies", "; ".join(labels),
+        count, "y" if count == 1 else "ies", "; ".join(labels),
         time.perf_counter() - start, state.digest[:12],
     )
 
@@ -562,6 +569,7 @@ def install_pass(vllm_config, state: WorkerState) -> None:
     config[key] = make_vllm_pass(vllm_config, lambda: state.geometries, previous,
                                  counted=lambda: [*state.geometries, *state.unfused])
     config[key].fusion.kv_cache = kv_cache_step(vllm_config)
+    config[key].mla = mla_step(vllm_config, state)
     if current_platform.device_type == "npu":  # pragma: no cover - vllm-ascend only
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
@@ -674,6 +682,17 @@ def kv_cache_split_hint(vllm_config) -> str | None:
     return ("vllm::unified_kv_cache_update is in compilation_config.splitting_ops, so the prologue and the "
             "cache write compile as separate graphs; set compilation_config.use_inductor_graph_partition=True "
             "or compilation_config.splitting_ops=[] to let the pass fuse them")
+
+
+def mla_step(vllm_config, state: WorkerState):
+    """The pass's MLA step for this engine: the model's MLA geometries (read when the graph
+    compiles), the model dtype, and the cache write where :func:`vllm_ascend_ext.mla_fusion.cache_layout`
+    allows it (off with ``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0``)."""
+    from .mla_fusion import MLAFusion, cache_layout
+
+    dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
+    layout = cache_layout(vllm_config) if settings.kv_cache_fusion_enabled() else None
+    return MLAFusion(lambda: state.mla_geometries, dtypes=(dtype,), layout=layout)
 
 
 def kv_cache_step(vllm_config):

@@ -4,17 +4,22 @@ vLLM's pass managers (``PostGradPassManager``, vllm-ascend's ``GraphFusionPassMa
 only ``InductorPass``/``VllmInductorPass`` instances, and Inductor's ``post_grad_custom_post_pass``
 (vLLM-CPU's stock-Inductor path) accepts any ``CustomGraphPass``: the class below is both. It
 delegates to :class:`vllm_ascend_ext.fusion.QKNormRoPEFusionPass` and, when another pass held
-the same config key before, runs that one first.
+the same config key before, runs that one first. After the attention-prologue pass, the MLA step
+(:class:`vllm_ascend_ext.mla_fusion.MLAFusion`, attribute ``mla``, set by the worker hook) runs on
+the same graph and logs its own ``fused N/M MLA prologues`` line.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 from vllm.compilation.passes.vllm_inductor_pass import VllmInductorPass
 
 from .fusion import QKNormRoPEFusionPass
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["VllmQKNormRoPEFusionPass", "make_vllm_pass"]
 
@@ -29,14 +34,29 @@ class VllmQKNormRoPEFusionPass(VllmInductorPass):
         dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
         self.fusion = QKNormRoPEFusionPass(geometries, dtypes=(dtype,), counted=counted)
         self.previous = previous
+        #: The MLA step (:class:`vllm_ascend_ext.mla_fusion.MLAFusion`), or ``None``.
+        self.mla = None
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.previous is not None:
             self.previous(graph)
         self.fusion(graph)
+        if self.mla is not None:
+            self._mla_step(graph)
+
+    def _mla_step(self, graph: torch.fx.Graph) -> None:
+        try:
+            counts = self.mla.apply(graph)
+        except Exception as exc:  # noqa: BLE001 - never break the user's compile
+            logger.warning("vllm_ascend_ext: MLA fusion skipped this graph: %s: %s", type(exc).__name__, exc)
+            return
+        if counts.total or counts.fused:
+            self.mla.log(counts)
 
     def uuid(self) -> str:
         parts = [self.fusion.uuid()]
+        if self.mla is not None:
+            parts.append(self.mla.uuid_part())
         if self.previous is not None and hasattr(self.previous, "uuid"):
             parts.append(str(self.previous.uuid()))
         return VllmInductorPass.hash_dict({"parts": parts})

@@ -13,261 +13,18 @@ Ascend behaviour is emulated. :func:`forced` overrides the choice (tests, tuning
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
 from .. import device as _device
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 
-__all__ = ["KernelShape", "PlanBase", "SumsPlan", "forced", "next_pow2", "plan_for", "prev_pow2",
-           "sums_plan_for", "warm_up_token_counts"]
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= ``n`` (1 for ``n <= 1``)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def prev_pow2(n: int) -> int:
-    """Largest power of two <= ``n`` (1 for ``n <= 1``)."""
-    return 1 if n <= 1 else 1 << (n.bit_length() - 1)
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """What a plan depends on: the geometry of one layer on one rank, and element sizes."""
-
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    elem_bytes: int  # qkv / output element size
-    cache_bytes: int  # cos_sin_cache element size
-    is_neox: bool = True
-    #: q's columns hold, per head, D values of q then D of the gate; the gate is copied out.
-    q_gate: bool = False
-    #: v's heads are RMS-normalised (weightless) and written.
-    v_norm: bool = False
-    #: positions are ``[3, T]`` (mRoPE): each frequency lane reads the row of its axis.
-    mrope: bool = False
-    #: k and v are written into the paged KV cache (v's heads are tiled even when not normalised).
-    kv_cache: bool = False
-    #: q and k are normalised over all their heads from a ``[T, 2]`` fp32 tensor of sums of
-    #: squares (``split_qkv_tp_rmsnorm_rope``'s second kernel): the weights are ``H*D`` values, so
-    #: a tile holds ``[BLOCK_H, D]`` of them rather than ``[D]``, and no per-head sum is taken.
-    norm_across_heads: bool = False
-    #: q or k is RMS-normalised (the kernel takes which from the call; only a CUDA plan rule
-    #: reads this: ``cuda.MROPE_WARPS``).
-    qk_norm: bool = True
-
-    @classmethod
-    def of(cls, geometry, elem_bytes: int, cache_bytes: int) -> KernelShape:
-        """The shape of an ``ops.models.AttentionGeometry`` with these element sizes (an mRoPE
-        geometry is planned for ``[3, T]`` positions)."""
-        return cls(num_q_heads=geometry.num_q_heads, num_kv_heads=geometry.num_kv_heads,
-                   head_dim=geometry.head_dim, rotary_dim=geometry.rotary_dim,
-                   elem_bytes=elem_bytes, cache_bytes=cache_bytes, is_neox=geometry.is_neox,
-                   q_gate=geometry.q_gate, v_norm=geometry.v_norm,
-                   mrope=geometry.mrope_section is not None,
-                   norm_across_heads=geometry.qk_norm_across_heads, qk_norm=geometry.qk_norm)
-
-    @property
-    def num_heads(self) -> int:
-        """q and k heads together: the heads that are normalised and rotated."""
-        return self.num_q_heads + self.num_kv_heads
-
-    @property
-    def tiled_heads(self) -> int:
-        """Heads the kernel's tiles cover: q and k, plus the gate's and v's when written."""
-        return self.num_q_heads * (2 if self.q_gate else 1) + self.num_kv_heads * (2 if self.writes_v else 1)
-
-    @property
-    def writes_v(self) -> bool:
-        """v's heads are tiled: normalised, or written into the KV cache."""
-        return self.v_norm or self.kv_cache
-
-    @property
-    def q_head_stride(self) -> int:
-        """Columns from one q head of qkv to the next: ``2*D`` with the gate beside it, else ``D``."""
-        return (2 if self.q_gate else 1) * self.head_dim
-
-    @property
-    def qkv_width(self) -> int:
-        """Columns of qkv: q's heads (with their gates), then k's and v's."""
-        return self.num_q_heads * self.q_head_stride + 2 * self.num_kv_heads * self.head_dim
-
-    def head_blocks(self, block_heads: int, block_heads_k: int | None = None, v_with_k: bool = False) -> int:
-        """Blocks covering q's heads (``block_heads`` each), then k's (``block_heads_k``, default
-        the same), then the gate's (as q's) and v's (as k's) when they are written, unless
-        ``v_with_k`` (each k block moves the same heads of v too); a block holds one tensor's
-        heads."""
-        block_heads_k = block_heads_k or block_heads
-        q_blocks, k_blocks = -(-self.num_q_heads // block_heads), -(-self.num_kv_heads // block_heads_k)
-        return q_blocks * (2 if self.q_gate else 1) + k_blocks * (2 if self.writes_v and not v_with_k else 1)
-
-    @property
-    def half(self) -> int:
-        """Rotary pairs per head, ``R/2``."""
-        return self.rotary_dim // 2
-
-    @property
-    def half_pad(self) -> int:
-        """``R/2`` padded to a power of two (Triton block dims must be)."""
-        return next_pow2(self.half)
-
-    @property
-    def pass_dim(self) -> int:
-        """Dims past the rotary part, ``D - R``."""
-        return self.head_dim - self.rotary_dim
-
-    @property
-    def pass_pad(self) -> int:
-        """``D - R`` padded to a power of two (1 when there are none)."""
-        return next_pow2(self.pass_dim)
-
-    @property
-    def padded_head_dim(self) -> int:
-        """Elements a head occupies in a tile: two rotary halves plus the tail, all padded."""
-        return 2 * self.half_pad + (self.pass_pad if self.pass_dim else 0)
-
-
-@dataclass(frozen=True)
-class PlanBase:
-    """What every backend's plan gives the launcher.
-
-    ``block_heads`` is the heads of q per tile; :attr:`block_heads_k` those of k (the same
-    unless a backend says otherwise).
-    """
-
-    block_tokens: int
-    block_heads: int
-    max_programs: int
-
-    @property
-    def block_heads_k(self) -> int:
-        return self.block_heads
-
-    def head_blocks(self, shape: KernelShape) -> int:
-        """Head blocks per token block: q's blocks of ``block_heads``, then k's (and the gate's and
-        v's, as :meth:`KernelShape.head_blocks` says)."""
-        return shape.head_blocks(self.block_heads, self.block_heads_k, self.v_with_k)
-
-    @property
-    def launch_options(self) -> dict:
-        """Backend-specific keyword arguments of the launch (``num_warps`` ...)."""
-        return {}
-
-    @property
-    def rows_after_data(self) -> bool:
-        """Gather a tile's cos/sin rows after its q/k loads are issued (in each branch arm)
-        rather than before the branch; off unless a backend measured it better."""
-        return False
-
-    @property
-    def positions_ahead(self) -> bool:
-        """Load the positions of a program's next tile while it works on the current one (the
-        kernel's ``POS_AHEAD``), so the cos/sin gather waits on no load after the first tile;
-        off unless a backend measured it better."""
-        return False
-
-    @property
-    def positions_at_gather(self) -> bool:
-        """Where the rows are gathered in the arms (:attr:`rows_after_data` or :attr:`whole_row`)
-        and not loaded ahead, the head block loads the positions itself at the gather (the
-        kernel's ``POS_PTRS``) rather than the arm before it; off unless a backend measured it
-        better."""
-        return False
-
-    @property
-    def dependent_launch(self) -> bool:
-        """Launch with programmatic dependent launch (the kernel's ``PDL``: it waits for the grid
-        before it, then lets the next one launch); off unless a backend has it and measured it."""
-        return False
-
-    @property
-    def whole_row(self) -> bool:
-        """Hold each q and k head as one contiguous row, loading each rotary lane's pair element a
-        second time (the kernel's ``WHOLE_ROW``), rather than as rotary halves and tail pieces; off
-        unless a backend measured it better."""
-        return False
-
-    @property
-    def v_with_k(self) -> bool:
-        """Move v's heads (when written: normalised, or into the KV cache) in the tile of the same
-        k heads, after k's, rather than in head blocks of their own; off unless a backend measured
-        it better (a tile would hold k's and v's buffers)."""
-        return False
-
-    def tail_width(self, shape: KernelShape) -> int:
-        """Lanes of one chunk of the pass-through tail: by default the whole tail, padded."""
-        return shape.pass_pad
-
-    def tail_width2(self, shape: KernelShape) -> int:
-        """Lanes of the tail's second piece when the tail is held whole as two pieces (a power of
-        two of :meth:`tail_width` lanes, then the rest padded); 0: one piece or chunks."""
-        return 0
-
-    def tail_chunks(self, shape: KernelShape) -> int:
-        """Chunks of :meth:`tail_width` lanes covering the tail (1 when there is no tail, and
-        when it is held as two pieces)."""
-        if self.tail_width2(shape):
-            return 1
-        return max(1, -(-shape.pass_dim // self.tail_width(shape)))
-
-    def num_tiles(self, shape: KernelShape, num_tokens: int) -> int:
-        """Tiles covering ``num_tokens`` tokens (the kernel computes the same at run time)."""
-        return -(-num_tokens // self.block_tokens) * self.head_blocks(shape)
-
-    def grid(self, shape: KernelShape, num_tokens: int) -> int:
-        """Programs to launch: one per tile, at most ``max_programs`` (they loop grid-stride).
-
-        A capped grid is kept off multiples of the head-block count: programs step through the
-        tiles by the grid size, so with a multiple each program would meet the same head block
-        (say, always a small k block) on every tile it walks, and q's programs would do all the
-        work (8/1/128 ran at 1.58x the floor so, perf-notes v3).
-        """
-        tiles = self.num_tiles(shape, num_tokens)
-        if tiles <= self.max_programs:
-            return max(1, tiles)
-        programs = self.max_programs
-        if programs % self.head_blocks(shape) == 0:
-            programs -= 1
-        return programs
-
-
-@dataclass(frozen=True)
-class SumsPlan:
-    """A launch of ``split_qkv_tp_rmsnorm_rope``'s first kernel (each token's sums of squares of
-    its q and k columns): ``block_tokens`` tokens per tile, q's columns walked in chunks of
-    ``block_cols_q``, k's in chunks of ``block_cols_k``, at most ``max_programs`` programs
-    (grid-stride over the token blocks). ``ub_buffers`` is the Ascend UB model (empty for CUDA)."""
-
-    block_tokens: int
-    block_cols_q: int
-    block_cols_k: int
-    max_programs: int
-    num_warps: int | None = None
-    ub_buffers: tuple = ()
-    ub_capacity: int = 0
-
-    @property
-    def ub_bytes(self) -> int:
-        return sum(buf.nbytes for buf in self.ub_buffers)
-
-    def ub_bytes_from(self, source: str) -> int:
-        return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
-
-    @property
-    def launch_options(self) -> dict:
-        return {} if self.num_warps is None else {"num_warps": self.num_warps}
-
-    def grid(self, num_tokens: int) -> int:
-        """Programs to launch: one per token block, at most ``max_programs``."""
-        return max(1, min(-(-num_tokens // self.block_tokens), self.max_programs))
+__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "forced", "mla_plan_for", "next_pow2",
+           "plan_for", "prev_pow2", "sums_plan_for", "warm_up_token_counts"]
 
 
 _forced_backend: str | None = None
-_forced_plan: PlanBase | None = None
+_forced_plan: PlanBase | MLAPlan | None = None
 
 
 @contextlib.contextmanager
@@ -279,12 +36,16 @@ def forced(backend: str | None = None, plan: PlanBase | None = None):
     global _forced_backend, _forced_plan
     if backend not in (None, "ascend", "cuda"):
         raise ValueError(f"backend must be 'ascend' or 'cuda', got {backend!r}")
+    from .. import launch_cache  # prepared calls keep the plans they were given: drop them
+
     saved = _forced_backend, _forced_plan
     _forced_backend, _forced_plan = backend, plan
+    launch_cache.clear()
     try:
         yield
     finally:
         _forced_backend, _forced_plan = saved
+        launch_cache.clear()
 
 
 def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = None) -> PlanBase:
@@ -305,6 +66,22 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
     native = _device.backend_of(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
+
+
+def mla_plan_for(device: torch.device, shape: MLAShape) -> MLAPlan:
+    """The MLA kernel's plan for ``shape`` on ``device`` (the backend chosen as :func:`plan_for`
+    chooses it; a plan forced with :func:`forced` is used when it is an :class:`MLAPlan`; one plan
+    for every batch size)."""
+    from . import ascend, cuda
+
+    if isinstance(_forced_plan, MLAPlan):
+        return _forced_plan
+    facts = _cuda_facts_for(device)
+    if facts is not None:
+        return cuda.mla_plan(shape, facts)
+    native = _device.backend_of(device)
+    index = (device.index or 0) if native == "ascend" else None
+    return ascend.mla_plan(shape, _device.ascend_facts(index))
 
 
 def sums_plan_for(device: torch.device, shape: KernelShape) -> SumsPlan:

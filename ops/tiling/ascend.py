@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, SumsPlan, next_pow2
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import AscendFacts
 
-__all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "plan", "rope_axes", "sums_plan",
-           "sums_ub_buffers", "ub_budget", "ub_buffers"]
+__all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "mla_plan", "mla_ub_buffers", "plan", "rope_axes",
+           "sums_plan", "sums_ub_buffers", "ub_budget", "ub_buffers"]
 
 #: Copies from global memory are multi-buffered by the compiler (triton-ascend's ``multibuffer``,
 #: on by default for A2/A3; TQue depth 2 in AscendC) so the next tile's copy-in overlaps this
@@ -281,3 +281,135 @@ def sums_plan(shape: KernelShape, facts: AscendFacts) -> SumsPlan:
     return SumsPlan(block_tokens=tokens, block_cols_q=cols_q, block_cols_k=cols_k,
                     max_programs=facts.num_vector_cores, ub_buffers=sums_ub_buffers(shape, tokens, cols_q, cols_k),
                     ub_capacity=facts.ub_bytes)
+
+
+#: Lanes of a latent row the MLA prologue holds at once at most: kv_c's 512 lanes whole, and
+#: q_c's 1536 (DeepSeek-V3, Kimi-K2) as three exact chunks of 512 (one chunk would pad it to 2048,
+#: 33% more UB for nothing; chunks of 1024 would pad to 2048 too).
+MLA_MAX_ROW_CHUNK = 512
+#: The MLA cache store is modelled at its widest: fp32 (a bf16/fp16 cache casts to 2 bytes, fp8 and
+#: int8 to 1; the quotient of a quantised store is the fp32 buffer beside it).
+MLA_CACHE_BYTES = FP32
+
+
+def mla_row_chunk(width: int) -> int:
+    """Lanes per chunk of a latent row of ``width`` lanes: the row padded to a power of two when that
+    is at most :data:`MLA_MAX_ROW_CHUNK`, else the largest power of two <= it dividing the row
+    into the fewest padded lanes (1536 -> 3 x 512)."""
+    if width <= MLA_MAX_ROW_CHUNK:
+        return next_pow2(width)
+    best = MLA_MAX_ROW_CHUNK
+    chunk = MLA_MAX_ROW_CHUNK
+    while chunk >= 64:
+        if -(-width // chunk) * chunk < -(-width // best) * best:
+            best = chunk
+        chunk //= 2
+    return best
+
+
+def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk: int,
+                   kv_chunk: int) -> tuple[UbBuffer, ...]:
+    """The UB a tile of the MLA kernel keeps live, buffer by buffer (``docs/ascend-ub-model.md``,
+    section "The MLA prologue"): the copies from global memory of every arm (the q_c arm's row
+    chunks, both passes; the kv arm's chunks, k_pe's rotary lanes, the cos/sin rows, positions and
+    slots; or the q side's rotary lanes of ``block_heads`` heads), their second buffers, and the
+    vector buffers of the widest arm."""
+    bt, e, c = block_tokens, shape.elem_bytes, shape.cache_bytes
+    rot = 2 * shape.half_pad if shape.rope_dim else 0
+    gm: tuple[UbBuffer, ...] = ()
+    per_tile: tuple[UbBuffer, ...] = ()
+    widths = []
+
+    def row(name: str, width: int, chunk: int) -> None:
+        nonlocal gm, per_tile
+        chunks = MLAPlan.chunks(width, chunk)
+        data = UbBuffer(f"{name} row ({chunks} chunk{'s' if chunks > 1 else ''})", chunks * bt * chunk * e, "gm")
+        if chunks > 2:
+            # The second pass loads each chunk again, chunk c + 1 before chunk c is stored: the
+            # reloads of chunks 0 and 1 come before any store and the lowering keeps the first
+            # pass's copies; each later one follows a store and gets a copy of its own (measured:
+            # q_c's 3 chunks of DeepSeek-V3 allocate 4 chunk buffers, with and without the cache).
+            again = UbBuffer(f"{name} row, second pass ({chunks - 2} chunk{'s' if chunks > 3 else ''} after a "
+                             "store)", (chunks - 2) * bt * chunk * e, "gm")
+            gm += (again,)
+            per_tile += (again,)
+        gm += (data, UbBuffer(f"{name} weight", chunks * chunk * FP32, "gm", worst_case=True))
+        per_tile += (data,)
+        widths.append(chunk)
+
+    rope_rows = 1
+    if shape.q_rope:
+        rope_rows = block_heads
+    else:
+        if shape.q_lora_rank:
+            row("q_c", shape.q_lora_rank, q_chunk)
+        row("kv_c", shape.kv_lora_rank, kv_chunk)
+    if shape.rope_dim:
+        lanes = UbBuffer("rotary lanes" + (f" [{block_heads} heads]" if shape.q_rope else " (k_pe)"),
+                         bt * rope_rows * rot * e, "gm")
+        rows = UbBuffer("cos/sin rows", 2 * bt * shape.half_pad * c, "gm")
+        positions = UbBuffer("positions", bt * POSITION_BYTES, "gm")
+        gm += (lanes, rows, positions)
+        per_tile += (lanes, rows, positions)
+        widths.append(rope_rows * rot)
+    vector_kv: tuple[UbBuffer, ...] = ()
+    widest = max(widths)
+    if shape.kv_cache:
+        slots = UbBuffer("slots", bt * SLOT_BYTES, "gm")
+        gm += (slots,)
+        per_tile += (slots,)
+        vector_kv = (
+            UbBuffer("cache row offsets (int64, latent + rope)", 2 * bt * SLOT_BYTES, "vector"),
+            UbBuffer("quantised fp32 (y / k_scale, saturated, rounded)", bt * widest * FP32, "vector"),
+            UbBuffer("cache tile (widest: fp32, multibuffered)", MULTIBUFFER * bt * widest * MLA_CACHE_BYTES,
+                     "vector"),
+            UbBuffer("cache store masks", bt * widest * MASK_BYTES, "vector"),
+        )
+    second = tuple(UbBuffer(f"{buf.name} (2nd buffer)", buf.nbytes, "multibuffer")
+                   for buf in per_tile for _ in range(MULTIBUFFER - 1))
+    vector = (
+        UbBuffer("x fp32", bt * widest * FP32, "vector"),
+        UbBuffer("normalised / rotated fp32", bt * widest * FP32, "vector"),
+        UbBuffer("out tile (dtype, multibuffered)", MULTIBUFFER * bt * widest * e, "vector"),
+        UbBuffer("cos/sin fp32", 2 * bt * shape.half_pad * FP32 if shape.rope_dim else 0, "vector"),
+        UbBuffer("sum of squares, rstd", 2 * bt * FP32, "vector"),
+        UbBuffer("masks", bt * widest * MASK_BYTES, "vector"),
+    ) + vector_kv
+    return gm + second + vector
+
+
+@functools.lru_cache(maxsize=None)
+def mla_plan(shape: MLAShape, facts: AscendFacts) -> MLAPlan:
+    """The Ascend plan of the MLA kernel (pure): latent rows in chunks of :func:`mla_row_chunk`;
+    the q side's heads per tile as the GQA plan picks them (at most ``MAX_BLOCK_HEADS``, padding
+    within ``MAX_HEAD_WASTE``, fewer if not even ``MIN_BLOCK_TOKENS`` fit); then the most tokens per
+    tile, ``MIN_BLOCK_TOKENS`` to ``MAX_BLOCK_TOKENS``, whose buffers fit the UB budget; a grid of
+    vector cores.
+
+    Raises
+    ------
+    ValueError
+        If not even ``MIN_BLOCK_TOKENS`` tokens fit.
+    """
+    budget = ub_budget(facts)
+    q_chunk = mla_row_chunk(shape.q_lora_rank) if shape.q_lora_rank else 1
+    kv_chunk = mla_row_chunk(shape.kv_lora_rank) if shape.kv_lora_rank else 1
+    heads = 1
+    if shape.q_rope:
+        heads = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS)
+        while heads > 1 and -(-shape.num_heads // heads) * heads / shape.num_heads > MAX_HEAD_WASTE:
+            heads //= 2
+
+    def fits(tokens: int, block_heads: int) -> bool:
+        return sum(b.nbytes for b in mla_ub_buffers(shape, tokens, block_heads, q_chunk, kv_chunk)) <= budget
+
+    while heads > 1 and not fits(MIN_BLOCK_TOKENS, heads):
+        heads = prev_pow2(heads - 1)
+    if not fits(MIN_BLOCK_TOKENS, heads):
+        raise ValueError(f"{MIN_BLOCK_TOKENS} tokens of {shape} do not fit {budget} bytes of UB")
+    tokens = MIN_BLOCK_TOKENS
+    while tokens < MAX_BLOCK_TOKENS and fits(2 * tokens, heads):
+        tokens *= 2
+    return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
+                   max_programs=facts.num_vector_cores,
+                   ub_buffers=mla_ub_buffers(shape, tokens, heads, q_chunk, kv_chunk), ub_capacity=facts.ub_bytes)

@@ -1,6 +1,6 @@
 """CUDA launch plans: tiles sized for registers and 16-byte accesses, a grid sized for SMs.
 
-Every constant carries the measurement behind it (``docs/perf-notes.md``; the sweep is
+Every constant carries the measurement behind it (``docs/performance.md``; the sweep is
 ``scripts/tune_cuda_plan.py``; the design note is ``docs/cuda-plans.md``). A plan does not
 depend on the token count; the token count only picks the large or the small-batch plan, so a
 layer geometry compiles two kernels at most.
@@ -11,22 +11,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import KernelShape, PlanBase, SumsPlan, next_pow2, prev_pow2
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import CudaFacts
 
-__all__ = ["CudaPlan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
+__all__ = ["CudaPlan", "mla_plan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
 
 #: Padded head elements per q tile (both rotary halves and the tail, or one tail chunk): 4096
-#: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (perf-notes v3
+#: was best or within 3% of the best at T >= 4096 on every 128-dim geometry (docs/performance.md, v3
 #: sweep), and beat 8192 on all four benchmark geometries in v5.
 TILE_ELEMENTS = 4096
 #: Elements of the widest sub-tile (a rotary half, or the pass-through tail) each thread holds.
 #: Fewer per thread (more warps) split the loads into 2- and 4-byte accesses: 8 warps on a
-#: 4096-element tile ran 1.8-2.2x slower than 2 warps (perf-notes v1); v3 found 32 best.
+#: 4096-element tile ran 1.8-2.2x slower than 2 warps (docs/performance.md, v1); v3 found 32 best.
 ELEMENTS_PER_THREAD = 32
 #: 2 warps is the fewest any sweep has timed (v1-v5), and the sweeps' favourite at T >= 4096.
 MIN_WARPS, MAX_WARPS = 2, 8
-#: Heads per tile at most: 8 beat "all of q's heads" by 5-10% at T >= 4096 (perf-notes v3).
+#: Heads per tile at most: 8 beat "all of q's heads" by 5-10% at T >= 4096 (docs/performance.md, v3).
 MAX_BLOCK_HEADS = 8
 #: Cut a pass-through tail of at least this many (padded) lanes into chunks of the rotary half's
 #: width, summed in one pass and scaled in a second that loads them again (a cache hit), so one
@@ -43,7 +43,7 @@ PROGRAMS_PER_SM = 8
 #: ... and with the KV-cache write, whose kernel holds about 190 registers a thread (168 without,
 #: CPU ptxas, 32/8/128): 16 on 32/8/128 at T = 4096 / 16384 37.0 -> 34.5 / 127.2 -> 114.5 us,
 #: 32/8/128 mRoPE 44.5 -> 39.6 / 154.4 -> 132.5, 8/1/128 13.2 -> 13.7 / 33.5 -> 34.0 (issue-11
-#: probe, perf-notes v7).
+#: probe, docs/performance.md, v7).
 KV_PROGRAMS_PER_SM = 16
 
 #: Gather the cos/sin rows after the q/k loads are issued (ROWS_AFTER_DATA), so the positions ->
@@ -62,7 +62,7 @@ SMALL_BATCH_TILES_PER_SM = 1.25
 #: small-batch plans hold the tail as two pieces / take 2 tokens a tile: at T = 256 (2.4 large
 #: tiles per SM) the small plan ran 16/2/256 R64 gated 9.54 us against the large plan's 10.21,
 #: 32/8/128 mRoPE 7.55 against 8.38; at T = 384 (3.6 per SM) the large plan won the gated layer
-#: (11.20 against 11.55) (issue-10 hand-over sweep, perf-notes v7).
+#: (11.20 against 11.55) (issue-10 hand-over sweep, docs/performance.md, v7).
 SMALL_BATCH_TILES_PER_SM_CHUNKED_OR_MROPE = 2.5
 #: Padded head elements per small-batch q tile: 512 and 1024 were within 2% of each other
 #: at T <= 256, 2048 slower on 2 of 4 geometries (v5 sweep).
@@ -72,7 +72,7 @@ SMALL_TILE_ELEMENTS = 1024
 SMALL_WARPS = 4
 #: The small-batch plan holds a tail that is no power of two as two pieces (192 lanes as 128 + 64,
 #: not padded to 256): 16/2/256 R64 at T = 64 7.74 -> 7.04 us, gated 7.90 -> 7.01, 512 R128 with
-#: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, perf-notes v6). The
+#: v-norm 9.98 -> 8.06; at T = 1 within 0.1-0.8 us better (issue-10 sweep, docs/performance.md, v6). The
 #: large plans keep the chunked tail: two pieces were 16-20% slower there at T = 4096.
 SMALL_TWO_PIECE_TAIL = True
 #: ... except where the head dimension is a power of two: there the small-batch plan holds each q
@@ -80,7 +80,7 @@ SMALL_TWO_PIECE_TAIL = True
 #: loads its pair element a second time) in ``SMALL_WHOLE_ROW_WARPS`` warps. The gated layer
 #: (16/2/256 R64, 192-lane tail), one run, three interleaved repeats, T = 8 / 64 / 256: the prologue
 #: 6.66 -> 6.51 / 7.49 -> 7.24 / 9.80 -> 9.51 us, with the write 6.71 -> 6.46 / 7.64 -> 7.36 / 10.42
-#: -> 9.52; 4 heads a block was faster at T <= 64 (6.33 / 7.07) and not at 256 (9.77) (perf-notes v11
+#: -> 9.52; 4 heads a block was faster at T <= 64 (6.33 / 7.07) and not at 256 (9.77) (docs/performance.md, v11
 #: probe 4); Qwen3-Next TP 4 / 8 and Qwen3.5-35B-A3B (mRoPE, 2 tokens a tile) 1-20% faster in both ops
 #: (probe 5). Elsewhere it lost: the large plans 3-60% slower with whole rows, the 128-dim small plans
 #: of full rotary level or up to 11% slower (probe 3).
@@ -88,7 +88,7 @@ SMALL_WHOLE_ROW_WARPS = 2
 #: Programs per SM of the small-batch plan at most: one program a tile wherever the tiles fit. At
 #: ``PROGRAMS_PER_SM`` the gated layer (16/2/256 R64, whole rows, 2 warps) at T = 256 had 1280 tiles
 #: on 1056 programs, a second round for 224 of them: 9.47 -> 9.09 us with 16 (12 and 24 the same),
-#: with the write (1536 tiles) 9.73 -> 9.28 (perf-notes v12 sweep 1). Only a chunked tail's layers
+#: with the write (1536 tiles) 9.73 -> 9.28 (docs/performance.md, v12 sweep 1). Only a chunked tail's layers
 #: have more small-batch tiles than ``PROGRAMS_PER_SM`` programs (the small plan is used up to
 #: ``SMALL_BATCH_TILES_PER_SM*`` large tiles an SM, each 2-4 small ones).
 SMALL_PROGRAMS_PER_SM = 16
@@ -98,7 +98,7 @@ SMALL_PROGRAMS_PER_SM = 16
 TWO_PIECE_MIN_PER_THREAD = 4
 #: Tokens per small-batch tile at least with mRoPE ([3, T] positions: three row gathers a tile, so
 #: more tokens share them): 32/8/128 interleaved at T = 64 6.91 -> 6.37 us, at T = 256 8.26 ->
-#: 7.36 with 2 tokens rather than 1 (issue-10 sweep, perf-notes v6).
+#: 7.36 with 2 tokens rather than 1 (issue-10 sweep, docs/performance.md, v6).
 SMALL_MROPE_MIN_TOKENS = 2
 #: Tokens per small-batch tile at least where one token's row fits ``SMALL_TILE_ELEMENTS`` (8 heads of
 #: 128 padded lanes, 4 of 256) in halves of at most ``SMALL_MIN_TOKENS_MAX_LANES`` padded lanes (not
@@ -106,7 +106,7 @@ SMALL_MROPE_MIN_TOKENS = 2
 #: process, the better of three rounds, 20 calls a graph (per call), 1 -> 2 tokens, the write:
 #: 32/8/128 at T = 1 / 8 / 64 1.41 -> 1.35 / 1.53 -> 1.44 / 1.93 -> 1.79 us, 64/4/128 at T = 64 2.34 ->
 #: 2.04, 32/4/128 1.86 -> 1.72, 8/2/128 1.78 -> 1.49, 16/1/128 1.90 -> 1.80, 8/1/128 at T = 256 2.43 ->
-#: 2.19 (perf-notes v16 A/B 0); the prologue: 32/8/128 1.42 -> 1.30 / 1.54 -> 1.40 / 1.79 -> 1.66,
+#: 2.19 (docs/performance.md, v16 A/B 0); the prologue: 32/8/128 1.42 -> 1.30 / 1.54 -> 1.40 / 1.79 -> 1.66,
 #: 8/2/128 1.50 -> 1.25 / 1.62 -> 1.31 / 1.74 -> 1.40, 8/1/128 1.51 -> 1.46 / 1.60 -> 1.53 / 1.71 ->
 #: 1.61, MiniMax-M2 TP 8 (6/1/128 R64) 1.88 -> 1.58 / 1.93 -> 1.70 / 2.15 -> 1.80 (3.26 -> 1.99 at
 #: T = 256), Gemma-4-31B TP 8 (4/2/256) 1.64 -> 1.42 / 1.74 -> 1.52 / 1.97 -> 1.66; 64/4/128 and
@@ -118,7 +118,7 @@ SMALL_MIN_TOKENS = 2
 #: ... with heads of at most this many padded lanes: Gemma-4-E2B's full layer at TP 4 (2/1/512
 #: v-norm) lost with 2 tokens and v in k's tiles, the write 20 calls a graph at T = 1 / 8 1.72 -> 1.87 /
 #: 1.78 -> 1.91 us (one call 6.21 -> 6.59 / 6.40 -> 6.56), where Gemma-4-31B's sliding layer at TP 8
-#: (4/2/256) gained (1.69 -> 1.44 / 1.74 -> 1.49 / 2.02 -> 1.58 at T = 64) (perf-notes v16 A/B 1).
+#: (4/2/256) gained (1.69 -> 1.44 / 1.74 -> 1.49 / 2.02 -> 1.58 at T = 64) (docs/performance.md, v16 A/B 1).
 SMALL_MIN_TOKENS_MAX_LANES = 256
 #: ... and there the write moves v in k's tiles (``PlanBase.v_with_k``) where k's block holds at most
 #: half of q's heads, as in the large plan (``V_WITH_K_SMALL_K_BLOCKS``). v16 A/B 0, 20 calls a graph,
@@ -134,7 +134,7 @@ SMALL_KV_V_WITH_K = True
 #: resident instead of the prologue's 8 (127 registers). Capped at 128, in one run, two interleaved
 #: repeats: 32/8/128 at T = 4096 / 16384 33.5 -> 32.8 / 113.5 -> 111.3 us, mRoPE 39.7 -> 36.4 /
 #: 133.3 -> 119.2, 8/1/128 13.0 -> 13.0 / 31.8 -> 31.6, the gated layer 49.4 -> 48.2 / 173.0 ->
-#: 171.7, 64/8/128 51.1 -> 49.5 / 183.0 -> 178.9; a cap of 168 was 10-46% slower (perf-notes v8).
+#: 171.7, 64/8/128 51.1 -> 49.5 / 183.0 -> 178.9; a cap of 168 was 10-46% slower (docs/performance.md, v8).
 #: Triton 3.7.1's kernel needs more (the CPU compile check: 193 uncapped, 236-452 bytes a thread
 #: spilled under the cap); re-measure on a GPU with a newer Triton.
 KV_MAX_REGISTERS = 128
@@ -142,7 +142,7 @@ KV_MAX_REGISTERS = 128
 #: block holds at most half of q's heads (small k tiles, v's as small): 8/1/128 at T = 4096 / 16384
 #: 14.50 -> 13.60 / 35.46 -> 33.28 us, 16/2/256 R64 gated 50.11 -> 49.31 / 172.9 -> 172.3. Where k's
 #: block is as large as q's it was level or slower (32/8/128 at T = 4096 35.52 -> 36.03, 32/16/256
-#: v-norm level), and every small-batch plan lost 0.4-1.1 us (perf-notes v8 probe 2).
+#: v-norm level), and every small-batch plan lost 0.4-1.1 us (docs/performance.md, v8 probe 2).
 V_WITH_K_SMALL_K_BLOCKS = True
 
 
@@ -152,7 +152,7 @@ V_WITH_K_SMALL_K_BLOCKS = True
 #: resident an SM where the 2-warp plan had 8 programs, 16 warps). 32/8/128 interleaved (Qwen3-VL-8B
 #: TP 1), one run, two interleaved repeats: the prologue at T = 1024 / 4096 / 16384 13.55 -> 12.18 /
 #: 31.17 -> 29.59 / 98.08 -> 94.59 us, with the write 14.99 -> 13.59 / 35.95 -> 34.05 / 117.83 ->
-#: 113.35; caps of 72 and 88 and 10-24 programs an SM were slower or level (perf-notes v9 probe 1).
+#: 113.35; caps of 72 and 88 and 10-24 programs an SM were slower or level (docs/performance.md, v9 probe 1).
 #: Where it lost (probe 2), it is not used: without q/k norm (Qwen2.5-VL-7B 28/4/128, 3-5% slower),
 #: on a narrow shard (Qwen3-VL-8B TP 8, 4/1/128: 3-12% slower at T = 4096, its 1024 tiles no longer
 #: one wave at 6 programs an SM), with a chunked tail (Qwen3.5 gated: mixed, 7% faster to 4% slower); nor
@@ -174,13 +174,13 @@ CHUNKED_WARPS, CHUNKED_MAX_REGISTERS, CHUNKED_PROGRAMS_PER_SM = 4, 80, 24
 #: call: 44.08 -> 42.50 / 167.34 -> 164.43), TP 4 (4/1/256) 20.24 -> 20.24 / 52.90 -> 52.60,
 #: MiMo-V2-Flash 64/4/192 R64 69.34 -> 68.40 / 250.83 -> 246.88, Qwen3.5-27B (24/4/256, mRoPE) 71.16 ->
 #: 69.94 / 265.67 -> 262.54; level at T = 1024. 32 was within 1% of 24 (faster at 16384, slower at
-#: 4096); 24 was also the best of 8 / 16 / 24 under six other tilings of the gated layer (perf-notes
+#: 4096); 24 was also the best of 8 / 16 / 24 under six other tilings of the gated layer (docs/performance.md,
 #: v11 sweep 2, probe 4).
 CHUNKED_KV_PROGRAMS_PER_SM = 24
 #: A chunked tail's mRoPE prologue (Qwen3.5: the 2-warp plan, ``CHUNKED_*`` not measured faster
 #: there, v9 probe 2) 64 programs an SM, not ``PROGRAMS_PER_SM``: Qwen3.5-27B TP 1 (24/4/256 R64) at
 #: T = 1024 / 4096 / 16384 24.42 -> 23.69 / 68.44 -> 65.75 / 251.69 -> 241.93 us, 32 and 48 between
-#: (perf-notes v11 probe 4); Qwen3.5-35B-A3B 47.46 -> 46.00 / 165.59 -> 156.30 and Qwen3.5-397B-A17B
+#: (docs/performance.md, v11 probe 4); Qwen3.5-35B-A3B 47.46 -> 46.00 / 165.59 -> 156.30 and Qwen3.5-397B-A17B
 #: 87.01 -> 80.00 / 329.14 -> 302.32 at T = 4096 / 16384 (probe 5). Without mRoPE (the ``CHUNKED_*``
 #: plan) more than 24 was mixed: the gated layer 157.34 -> 151.37 us at T = 16384 with 64, MiMo's
 #: 66.85 -> 68.54 at 4096.
@@ -199,14 +199,14 @@ CHUNKED_MROPE_PROGRAMS_PER_SM = 64
 #: ``POS_AHEAD_KV_PROGRAMS_PER_SM``) 8/1/128 12.83 -> 12.03 / 31.30 -> 29.95, 8/2/128 13.66 -> 13.18 /
 #: 34.82 -> 33.92, 16/2/128 18.43 -> 17.95 / 50.88 -> 50.50, mRoPE 8/2/128 16.29 -> 14.11 / 40.69 ->
 #: 35.07, 4/1/128 12.26 -> 10.75 / 27.39 -> 22.21, 16/4/128 23.23 -> 20.90 / 64.58 -> 60.54, the
-#: v-norm layers 1.5-2.8% faster (perf-notes v10 probes 0-2). With more blocks it was mixed
+#: v-norm layers 1.5-2.8% faster (docs/performance.md, v10 probes 0-2). With more blocks it was mixed
 #: (32/8/128: 1.3% faster at T = 4096, 1.2% slower at 16384; 64/4/128 0.8% and 2.3% slower), with a
 #: chunked tail slower (the gated layer, 1.7-2% in both ops).
 POS_AHEAD_MAX_Q_BLOCKS = 2
 #: ... but an mRoPE prologue in this plan only where k's block holds at most this many heads: there
 #: it was faster (4/1/128 above; Qwen2.5-VL-7B TP 4, 7/1/128, 11.14 -> 10.85 / 25.76 -> 24.64), with
 #: more it lost at T = 16384 (8/2/128 14.21 -> 13.89 / 34.75 -> 35.94; 16/4/128 20.06 -> 20.29 /
-#: 56.26 -> 60.13; perf-notes v10 probes 1, 2). Why is not known.
+#: 56.26 -> 60.13; docs/performance.md, v10 probes 1, 2). Why is not known.
 POS_AHEAD_MROPE_PROLOGUE_MAX_K_HEADS = 1
 #: ... there the write runs 8 programs an SM, not ``KV_PROGRAMS_PER_SM``: with POS_AHEAD, 8 was
 #: faster than 16 on 8/1/128 (T = 4096: 12.93 -> 12.03 us), 8/2/128 (13.60 -> 13.18), 4/1/128
@@ -219,14 +219,14 @@ POS_AHEAD_KV_PROGRAMS_PER_SM = 8
 #: 11.46 -> 11.58 / 28.38 -> 29.22; 16/1/128 (Qwen3-235B-A22B TP 4) 9.13 -> 8.61 / 42.55 -> 40.68, one
 #: call 16.93 -> 16.51 / 46.75 -> 45.31; 8/1/256 v-norm (Gemma-4-E2B) level. Where q's block is
 #: smaller or k's larger it lost or was mixed: 4/1/128 20 calls 4.17 -> 4.23 at T = 4096, 8/2/128 one
-#: call 12.74 -> 13.18; mRoPE 4/1/128 one call 10.27 -> 11.74 (perf-notes v15 A/B 4). Without
+#: call 12.74 -> 13.18; mRoPE 4/1/128 one call 10.27 -> 11.74 (docs/performance.md, v15 A/B 4). Without
 #: dependent launch the rule above stands (v10). Why the amortised write gains is not known.
 POS_AT_GATHER_KV_PDL_MIN_Q_HEADS = 8
 #: The mRoPE plan (``MROPE_*``) loads positions ahead too: its prologue on 32/8/128 (Qwen3-VL-8B)
 #: T = 4096 / 16384 29.70 -> 28.80 / 94.78 -> 92.45 us, 32/4/128 (Qwen3-VL-30B-A3B) 28.51 -> 27.52 /
 #: 88.58 -> 85.02; with the write only where v moves in k's tiles (``V_WITH_K_SMALL_K_BLOCKS``):
 #: 32/4/128 31.81 -> 29.92 / 98.34 -> 95.52, where 32/8/128 (k's block as large as q's) went
-#: 34.30 -> 34.08 / 113.34 -> 115.71 (perf-notes v10 probes 0, 1).
+#: 34.30 -> 34.08 / 113.34 -> 115.71 (docs/performance.md, v10 probes 0, 1).
 POS_AHEAD_MROPE = True
 
 #: Where the head block gathers the rows after its own loads (``LATE_ROWS``, whole rows) and the
@@ -235,13 +235,13 @@ POS_AHEAD_MROPE = True
 #: loaded and clamped before the q/k arm held every data load of the tile back until they arrived
 #: (CPU SASS). T <= 64 0.2-0.5 us faster on every non-mRoPE geometry timed (the gated layer at T = 1
 #: 5.92 -> 5.57, 32/8/128 6.14 -> 5.63, 8/1/128 at T = 64 6.72 -> 6.18), T = 256 1-4%, T >= 4096
-#: level (perf-notes v13 A/B 5).
+#: level (docs/performance.md, v13 A/B 5).
 POS_AT_GATHER = True
 #: ... with mRoPE's three positions only in small-batch plans of rotary halves (not whole rows),
 #: its rows gathered before the reduction there. One process, three rounds, the prologue:
 #: Qwen3-VL-8B (32/8/128) at T = 8 / 64 / 256 6.14 -> 6.08 / 6.59 -> 6.37 / 7.58 -> 7.36 us (T = 1 level),
 #: Qwen3-VL-30B-A3B (32/4/128) at T = 1 / 64 5.89 -> 5.47 / 6.40 -> 6.18; with the write Qwen3-VL-8B
-#: at T = 64 6.59 -> 6.40; Qwen2.5-VL-7B (28/4/128, no q/k norm) level at T = 1 / 64 (perf-notes v14
+#: at T = 64 6.59 -> 6.40; Qwen2.5-VL-7B (28/4/128, no q/k norm) level at T = 1 / 64 (docs/performance.md, v14
 #: A/B 3). On whole-row plans (Qwen3.5) it was 2-14% slower at T <= 64 (v13 A/B 6); the large plans
 #: were not timed with it.
 POS_AT_GATHER_MROPE_SMALL_HALVES = True
@@ -255,7 +255,7 @@ POS_AT_GATHER_MROPE_SMALL_HALVES = True
 #: timed, T = 4096 0.4-0.7 us off (8/1/128's write 6.10 -> 5.60), T = 16384 0.3 off; one call a graph
 #: level (nothing before it to overlap); waiting without letting the next grid launch early gained
 #: a fifth as much. Gemma-4-31B's prologue at T = 4096 (20 calls) lost 2% (69.03 -> 70.60)
-#: (perf-notes v15 A/B 2).
+#: (docs/performance.md, v15 A/B 2).
 DEPENDENT_LAUNCH = True
 
 
@@ -470,3 +470,33 @@ def sums_plan(shape: KernelShape, facts: CudaFacts) -> SumsPlan:
     tokens = max(1, TILE_ELEMENTS // max(cols_q, cols_k))
     return SumsPlan(block_tokens=tokens, block_cols_q=cols_q, block_cols_k=cols_k,
                     max_programs=PROGRAMS_PER_SM * facts.num_sms, num_warps=4)
+
+
+#: Lanes of a latent row the MLA prologue holds at once at most: kv_c's 512 whole and q_c's 1536 as
+#: three exact chunks (the Ascend plan's rule, ``ascend.mla_row_chunk``). Not measured on a GPU: a
+#: 512-lane bf16 chunk of 8 tokens is the GQA plan's ``TILE_ELEMENTS`` tile (4096 elements).
+MLA_MAX_ROW_CHUNK = 512
+
+
+@functools.lru_cache(maxsize=None)
+def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
+    """The CUDA plan of the MLA kernel (pure), by the GQA plan's rules and not yet measured for MLA:
+    tiles of :data:`TILE_ELEMENTS` (the prologue: tokens x the widest row chunk; the q side: tokens
+    x ``MAX_BLOCK_HEADS`` heads x the padded rotary lanes), warps giving each thread
+    :data:`ELEMENTS_PER_THREAD` of it (``MIN_WARPS`` to ``MAX_WARPS``), :data:`PROGRAMS_PER_SM`
+    programs an SM walking the tiles grid-stride. One plan for every batch size."""
+    from .ascend import mla_row_chunk
+
+    q_chunk = min(mla_row_chunk(shape.q_lora_rank), MLA_MAX_ROW_CHUNK) if shape.q_lora_rank else 1
+    kv_chunk = min(mla_row_chunk(shape.kv_lora_rank), MLA_MAX_ROW_CHUNK) if shape.kv_lora_rank else 1
+    rot = 2 * shape.half_pad if shape.rope_dim else 1
+    heads = 1
+    if shape.q_rope:
+        heads = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS)
+        row = heads * rot
+    else:
+        row = max(q_chunk, kv_chunk, rot)
+    tokens = prev_pow2(max(1, TILE_ELEMENTS // row))
+    warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(tokens * row // (32 * ELEMENTS_PER_THREAD))))
+    return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
+                   max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=warps)

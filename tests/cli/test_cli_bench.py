@@ -284,7 +284,7 @@ def test_kv_bytes_read_and_write_v_and_write_k_into_the_cache():
 
 def test_amortised_timing_runs_the_calls_back_to_back():
     calls = []
-    timer = core._Timer(torch.device("cpu"), reps=2)
+    timer = core.Timer(torch.device("cpu"), reps=2)
     assert timer(lambda: calls.append(1), calls=5) >= 0
     assert len(calls) == 1 + 2 * 5  # one warm-up, then two timings of five calls
 

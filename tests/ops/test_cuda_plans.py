@@ -46,7 +46,7 @@ def test_small_batches_get_the_small_batch_plan(geometry, per_sm):
     assert large.num_tiles(shape, most) <= limit < large.num_tiles(shape, most + 1)
 
 
-#: The CUDA large plan's kinds (perf-notes v9, v10): (warps at least, register cap, programs per
+#: The CUDA large plan's kinds (docs/performance.md, v9, v10): (warps at least, register cap, programs per
 #: SM) of the prologue and of the cache write.
 _V8 = ((cuda.MIN_WARPS, 0, cuda.PROGRAMS_PER_SM),
        (cuda.MIN_WARPS, cuda.KV_MAX_REGISTERS, cuda.KV_PROGRAMS_PER_SM))

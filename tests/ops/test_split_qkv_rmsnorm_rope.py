@@ -517,7 +517,7 @@ def test_device_mismatch_names_the_argument(device):
 
 
 def _compiled_variants() -> int:
-    kernel = op_module._split_qkv_rmsnorm_rope_kernel
+    kernel = op_module.split_qkv_rmsnorm_rope_kernel
     caches = getattr(kernel, "device_caches", None)
     if caches is not None:  # Triton >= 3.3
         return sum(len(entry[0]) for entry in caches.values())

@@ -25,7 +25,6 @@ against expectations computed here from the grids themselves.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pytest
@@ -39,7 +38,8 @@ from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnor
 
 from tiers import rotated
 
-from op_checks import BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, plan_of, whole_rows
+from op_checks import (BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, make_slots, plan_of, random_bits,
+                       whole_rows)
 
 #: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
 pytestmark = pytest.mark.kernel
@@ -93,33 +93,6 @@ def cache_shape(layout: str, num_blocks: int, block_size: int, hkv: int, d: int,
         return (num_blocks, hkv, block_size, 2 * d)
     c0 = 32 // torch.empty((), dtype=dtype).element_size()
     return (num_blocks, hkv * d // c0, block_size, c0)
-
-
-def random_bits(shape, dtype, device, generator=None) -> torch.Tensor:
-    """A tensor of ``shape`` holding random bit patterns (NaNs and infinities included)."""
-    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(-128, 128, (size,), dtype=torch.int8, generator=generator)
-    return raw.view(dtype).reshape(shape).to(device)
-
-
-def make_slots(tokens: int, num_blocks: int, block_size: int, *, padding: int, extra: int, dtype,
-               generator=None) -> tuple[torch.Tensor, int]:
-    """Distinct slots for ``tokens`` tokens: a run of consecutive slots crossing a block boundary,
-    then random ones; ``padding`` of them (when ``tokens >= 3``) negative, alternately -1 and
-    -2**31; then ``extra`` valid slots past ``T`` that no token uses. Returns the slots and how
-    many of the first ``T`` are valid."""
-    total = num_blocks * block_size
-    run = min(tokens, 3)
-    block = int(torch.randint(0, num_blocks - 1, (1,), generator=generator))
-    start = min(block * block_size + block_size - 1, total - run)  # the last row of a block, then the next's
-    chosen = list(range(start, start + run))
-    pool = [s for s in torch.randperm(total, generator=generator).tolist() if s not in chosen]
-    chosen += pool[:tokens - run + extra]
-    assert len(chosen) == tokens + extra and max(chosen, default=0) < total, "not enough slots"
-    padded = min(padding, tokens) if tokens >= 3 else 0
-    for i, t in enumerate(torch.randperm(tokens, generator=generator)[:padded].tolist()):
-        chosen[t] = (-1, -(2**31))[i % 2]
-    return torch.tensor(chosen, dtype=dtype), tokens - padded
 
 
 def calibrated_scales(args: dict, dtype, *, per_channel: bool, factor: float = 1.0, generator=None) -> dict:
@@ -207,8 +180,8 @@ def fp8_step(a: torch.Tensor) -> torch.Tensor:
     """The e4m3 grid step at magnitude ``a``: ``2**(e - 3)`` in binade ``[2**e, 2**(e+1))``,
     ``2**-9`` below the smallest normal ``2**-6``. The binade comes from ``frexp`` (exact), not
     ``floor(log2(a))``: CUDA's float64 ``log2`` returns 2.9999999999999996 for 8 and
-    5.999999999999999 for 64 (H200, ``perf-runs/v10-3-log2-h200.txt``), which halved the step there
-    and failed one-step differences at a tie (the fp8 failures of perf-notes v8 and v10)."""
+    5.999999999999999 for 64 (H200, docs/performance.md), which halved the step there
+    and failed one-step differences at a tie (the fp8 failures of docs/performance.md, v8 and v10)."""
     _, exponent = torch.frexp(a.clamp(min=2.0**-6))  # a = m * 2**exponent, 0.5 <= m < 1
     return torch.ldexp(torch.ones_like(a), exponent - 4)
 
@@ -819,7 +792,7 @@ def test_quantised_cache_is_the_fp32_value_divided_and_rounded(device, cache):
     the scale in IEEE fp32 (torch's division), saturated and rounded half to even, every value:
     values that are exact ties in fp32 included, which the float64 comparisons above leave to
     either side. Triton's ``/`` is ``div.full.f32`` on CUDA (within 2 ulp): with it 2-3 of about
-    2M fp8 values a run of this size came out on the wrong side of such a tie (perf-notes v9)."""
+    2M fp8 values a run of this size came out on the wrong side of such a tie (docs/performance.md, v9)."""
     geometry = model("Qwen3-32B").shard(8)
     tokens = LARGE_KV_TOKENS[-1]
     cache_dtype, per_channel = CACHE_DTYPES[cache][1:]

@@ -4,7 +4,8 @@ The work is :mod:`vllm_ascend_ext.bench` (the benchmark library: providers ``eag
 ``compile`` / ``ours``, the float64 check, the table, CSV/JSON/text, the PNG, CUDA-graph timing
 on CUDA, small interpreter sizes on CPU; with ``--op split_qkv_rmsnorm_rope_kv_cache`` the
 KV-cache run, providers ``ours_kv`` / ``ours+scatter`` / ``ours`` / ``copy_kv``, timed one call a
-graph and amortised). This module picks the device the way ``doctor`` does,
+graph and amortised; with ``--op split_qkv_rmsnorm_rope_mla`` :mod:`vllm_ascend_ext.bench_mla`, providers
+``ours`` / ``vllm`` / ``copy``, timed both ways). This module picks the device the way ``doctor`` does,
 checks the options, the environment and the output folder before anything is measured, calls
 :func:`vllm_ascend_ext.bench.run` with a progress bar as its ``progress`` callback, finishes the
 bar when the run returns, then prints the table and writes the files.
@@ -21,7 +22,8 @@ from .geometry import parse_int_list
 __all__ = ["DEFAULT_OUT", "OP_NAMES", "add_parser", "resolve", "run"]
 
 #: ``--op``'s choices (the benchmark library's ``OPS``, spelled here so ``--help`` imports no torch).
-OP_NAMES = ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache")
+OP_NAMES = ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_rmsnorm_rope_mla")
+MLA_OP = OP_NAMES[2]
 
 #: Where the files go without ``--out`` (``results/`` is git-ignored).
 DEFAULT_OUT = Path("results") / "bench"
@@ -54,8 +56,11 @@ def resolve(backend: str, tokens: str | None, providers: str | None,
 
     op = op or core.OP
     known = core.OPS[op]
+    cpu_tokens = core.CPU_TOKENS
+    if op == MLA_OP:
+        from ..bench_mla import MLA_CPU_TOKENS as cpu_tokens
     counts = parse_int_list(tokens, "--tokens") if tokens is not None else (
-        core.CPU_TOKENS if backend == "cpu" else core.GPU_TOKENS)
+        cpu_tokens if backend == "cpu" else core.GPU_TOKENS)
     if providers is not None:
         names = tuple(p.strip() for p in providers.split(",") if p.strip())
         unknown = [p for p in names if p not in known]
@@ -81,14 +86,29 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--providers", help="comma-separated subset of eager,compile,ours "
                                             "(default: all on an accelerator, eager,ours on CPU); with "
                                             "--op split_qkv_rmsnorm_rope_kv_cache of ours_kv,ours+scatter,ours,"
-                                            "copy_kv (default all)")
+                                            "copy_kv (default all); with --op split_qkv_rmsnorm_rope_mla of "
+                                            "ours,vllm,copy (default all)")
     parser.add_argument("--op", choices=OP_NAMES, default=OP_NAMES[0], metavar="OP",
                         help="the op to benchmark: split_qkv_rmsnorm_rope (default) or "
                              "split_qkv_rmsnorm_rope_kv_cache (the prologue writing k and v into a bf16 paged "
-                             "cache; timed one call per captured graph and amortised over 20 in one graph)")
+                             "cache; timed one call per captured graph and amortised over 20 in one graph) or "
+                             "split_qkv_rmsnorm_rope_mla (the MLA prologue and q-side RoPE of DeepSeek-V3, Kimi-K2 "
+                             "and DeepSeek-V2-Lite, writing a bf16 MLA cache, against vLLM's Triton "
+                             "fused_q_kv_rmsnorm followed by RoPE and the cache write in PyTorch, and against the "
+                             "same-bytes copy; timed both ways)")
+    parser.add_argument("--vllm-source", metavar="DIR",
+                        help="with --op split_qkv_rmsnorm_rope_mla: where vLLM's "
+                             "vllm/models/common/ops/fused_qk_rmsnorm.py is (the file, its folder, a vLLM checkout "
+                             "or a site-packages), so that the vllm provider runs vLLM's own kernel on a machine "
+                             "without vLLM (only the @triton.jit kernel is loaded from it; nothing of vLLM is "
+                             "copied into this project); default: the installed vLLM")
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
+    parser.add_argument("--host", action="store_true",
+                        help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
+                             "directly, through torch.ops and (CUDA) inside a torch.compile'd function, beside "
+                             "torch.Tensor.add_ and the unfused eager path; writes bench_host.*")
     parser.add_argument("--no-progress", action="store_true", help="draw no progress bar")
     parser.set_defaults(run=run)
 
@@ -101,6 +121,10 @@ def run(args) -> int:
 
     ensure_interpreter(backend)
     check_settings()
+    if args.op == MLA_OP:
+        _check_mla(args, providers)
+    elif args.vllm_source is not None:
+        raise CliError(f"--vllm-source is for the vllm provider of --op {MLA_OP}")
     out = output_dir(args.out if args.out is not None else DEFAULT_OUT, "--out")
 
     import torch
@@ -109,6 +133,16 @@ def run(args) -> int:
     from ..ops.models import BENCH_GEOMETRIES
 
     device = torch.device(backend.device)
+    if args.op == MLA_OP:
+        return _run_mla(args, device, backend.name, tokens, providers, out)
+    if args.host:
+        from ..bench_host import format_host_table, run_host, write_host_outputs
+
+        result = run_host(device)
+        text = format_host_table(result)
+        print(text)
+        print("wrote " + ", ".join(str(p) for p in write_host_outputs(result, out, text=text)))
+        return 0
     if backend.name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
                          "the Triton interpreter mean nothing for NPU or GPU speed\n")
@@ -128,5 +162,46 @@ def run(args) -> int:
     text = "\n".join(lines)
     print(text)
     paths = core.write_outputs(result, out, text=text)  # the text file holds what was printed above
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 1 if failures else 0
+
+
+def _check_mla(args, providers) -> None:
+    """Refuse what an MLA run cannot do before anything is written: ``--host``, ``--vllm-source``
+    without the vllm provider, and a vllm provider whose kernel is not found."""
+    if args.host:
+        raise CliError(f"--host is not a mode of --op {MLA_OP}")
+    if "vllm" not in providers:
+        if args.vllm_source is not None:
+            raise CliError(f"--vllm-source is for the vllm provider of --op {MLA_OP}")
+        return
+    from .. import bench_mla
+
+    try:
+        bench_mla.load_vllm_kernel(args.vllm_source)
+    except ValueError as exc:
+        raise CliError(f"--vllm-source: {str(exc).removeprefix('vllm_source').lstrip(': ')} (or leave the "
+                       f"vllm provider out: --providers ours,copy)") from None
+
+
+def _run_mla(args, device, backend_name: str, tokens, providers, out: Path) -> int:
+    """``--op split_qkv_rmsnorm_rope_mla``: :func:`vllm_ascend_ext.bench_mla.run_mla` behind the bar;
+    the vLLM kernel is found (``--vllm-source``, else the installed vLLM) before anything runs."""
+    from .. import bench as core
+    from .. import bench_mla
+
+    if backend_name == "cpu":
+        sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
+                         "the Triton interpreter mean nothing for NPU or GPU speed\n")
+    bar = Progress(len(bench_mla.MLA_GEOMETRIES) * len(tokens) * len(providers), label="bench",
+                   enabled=not args.no_progress)
+    try:
+        result = bench_mla.run_mla(device, tokens, providers, progress=bar.begin, vllm_source=args.vllm_source)
+        bar.finish()
+    finally:
+        bar.close()
+    text, failures = bench_mla.mla_report(result)
+    print(text)
+    paths = core.write_outputs(result, out, text=text)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0

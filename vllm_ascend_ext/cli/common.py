@@ -1,5 +1,5 @@
 """What the subcommands share: the error type and its one-line form, the backend check, the
-settings check, a progress bar, output folders.
+settings check, the one reader of the JSON files a user gives, a progress bar, output folders.
 
 The backend probe itself is :mod:`vllm_ascend_ext.backends` (the benchmark library uses it too).
 Nothing here imports ``torch_npu``, vLLM or Triton at module import time.
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
+import re
+import reprlib
 import sys
 import tempfile
 import time
@@ -28,7 +31,9 @@ __all__ = [
     "dist_version",
     "error_line",
     "output_dir",
+    "read_json",
     "results_dir",
+    "shown",
     "usable_backend",
 ]
 
@@ -37,6 +42,11 @@ PROG = "vllm-ascend-ext"
 DEVICE_NAMES = {"npu": "Ascend NPU", "cuda": "CUDA GPU", "cpu": "CPU"}
 #: Where ``profile`` (and ``bench`` by default) write; ``results/`` is git-ignored.
 RESULTS_ROOT = "results"
+#: How deep a JSON file the CLI reads may nest (lists and objects inside one another). Hugging
+#: Face configs reach 5 (``quantization_config.config_groups.group_0.weights``), torch.profiler
+#: traces 5 (``traceEvents[i].args.grid``); Python's reader runs out of stack near 1000, and
+#: ``str`` of a value that deep, in an error line or a kernel name, would too.
+JSON_MAX_DEPTH = 64
 
 
 class CliError(Exception):
@@ -70,6 +80,155 @@ def error_line(command: str | None, message: str) -> str:
     """The one line a failed command prints: ``vllm-ascend-ext <command>: error: <message>``."""
     where = f"{PROG} {command}" if command else PROG
     return f"{where}: error: {message}\n"
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = \
+    3, 8, 4, 60, 40, 60
+
+
+def shown(value) -> str:
+    """``repr(value)`` cut short for an error line: a 4000-digit integer or a 10 000-item list from
+    a file is shown by its ends (``reprlib``)."""
+    return _SHOWN.repr(value)
+
+
+class _LongInt(str):
+    """An integer literal of a JSON file with more digits than ``int()`` reads (its text)."""
+
+
+def _int_or_long(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return _LongInt(text)
+
+
+def _field(parts) -> str:
+    """A field's path as error lines name it: ``rope_scaling.mrope_section[2]``, cut after 4 parts."""
+    text = ""
+    for part in parts[:4]:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif re.fullmatch(r"[\w.-]{1,40}", part, re.ASCII):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{shown(part)}]"
+    return text + ("..." if len(parts) > 4 else "")
+
+
+def _first_long_int(data):
+    """The path (keys and indices) of the first :class:`_LongInt` in document order, or ``None``.
+    No recursion: the value may nest as deep as the reader allowed."""
+    stack = [((), data)]
+    while stack:
+        parts, value = stack.pop()
+        if isinstance(value, _LongInt):
+            return parts
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        stack.extend(reversed([(parts + (key,), item) for key, item in items]))
+    return None
+
+
+def _nests_deeper(data, limit: int) -> bool:
+    """Whether a list or object in ``data`` lies inside ``limit`` others (no recursion)."""
+    stack = [(0, data)] if isinstance(data, (dict, list)) else []
+    while stack:
+        depth, value = stack.pop()
+        if depth >= limit:
+            return True
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, (dict, list)):
+                stack.append((depth + 1, item))
+    return False
+
+
+#: The tokens that matter to where a JSON text nests: a string (and the ``:`` that makes it a
+#: key), a bracket, a comma.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"\s*:?|[][{},]')
+
+
+def _too_deep_in_text(text: str) -> tuple[tuple, int]:
+    """Where ``text`` first opens a list or object past :data:`JSON_MAX_DEPTH` levels: the path
+    to it and its line (for a text too deep for Python's reader to give a value)."""
+    stack: list[list] = []  # per open list or object: its bracket and the key or index now read
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            if token.endswith(":") and stack and stack[-1][0] == "{":
+                stack[-1][1] = token[1:token.rindex('"')]
+        elif token in "[{":
+            if len(stack) == JSON_MAX_DEPTH:
+                return tuple(entry[1] for entry in stack if entry[1] is not None), \
+                    text.count("\n", 0, match.start()) + 1
+            stack.append([token, 0 if token == "[" else None])
+        elif token in "]}":
+            if stack:
+                stack.pop()
+        elif stack and stack[-1][0] == "[":
+            stack[-1][1] += 1
+    return (), 1
+
+
+def _too_deep(path, parts: tuple, line: int) -> CliError:
+    where = f"{_field(parts)} nests" if parts else "nests"
+    return CliError(f"{path}: {where} more than {JSON_MAX_DEPTH} levels deep (line {line})")
+
+
+def read_json(path: str | os.PathLike):
+    """The value of a JSON file the user gave (a ``config.json``, a ``workload.json``, a trace).
+
+    Every JSON file the CLI reads is read here, so what a file can hold that Python's reader
+    turns into a traceback is a one-line error naming the file (and the field) in one place.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+
+    Returns
+    -------
+    object
+        The parsed value: no list or object in it nests more than :data:`JSON_MAX_DEPTH`
+        levels, and every integer is an ``int``.
+
+    Raises
+    ------
+    CliError
+        Exit status 2, one line naming the file, when it cannot be read, is not UTF-8 text, is
+        empty, is not JSON, nests more than :data:`JSON_MAX_DEPTH` levels (the field and line
+        named), or holds an integer with more digits than Python reads (``int max str digits``,
+        4300 by default; the field named). What each field must be is its reader's business.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{path}: not a UTF-8 text file") from None
+    if not text.strip():
+        raise CliError(f"{path} is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise _too_deep(path, *_too_deep_in_text(text)) from None
+    except ValueError as exc:  # an integer literal longer than int() reads
+        try:
+            data = json.loads(text, parse_int=_int_or_long)
+        except RecursionError:  # and, further on, nesting too deep for the reader
+            raise _too_deep(path, *_too_deep_in_text(text)) from None
+        parts = _first_long_int(data)
+        if parts is None:
+            raise CliError(f"{path} is not valid JSON ({exc})") from None
+        for part in parts:
+            data = data[part]
+        raise CliError(f"{path}: {_field(parts) or 'the value'} is an integer of {len(data.lstrip('-'))} digits, "
+                       "more than Python reads") from None
+    if _nests_deeper(data, JSON_MAX_DEPTH):
+        raise _too_deep(path, *_too_deep_in_text(text))
+    return data
 
 
 def dist_version(name: str) -> str | None:

@@ -35,17 +35,23 @@ geometry is one spec, named ``<model>:<kind>`` when there are several (``plan`` 
 
 Multimodal configs keep the language model under ``text_config``; it is used when the top
 level has no ``num_attention_heads``. Flags on the command line override every guess.
+
+A key the reader uses must be of its kind, or the command stops with one line naming the file
+and the key: a boolean is ``true``/``false`` (not ``"true"``), a count a positive integer up to
+:data:`MAX_CONFIG_INT` (not ``"8"``, ``8.0``, ``true`` or a 400-digit number), an epsilon a
+finite number, ``model_type`` a string, ``rope_scaling`` / ``rope_parameters`` / ``text_config``
+objects. The file itself is read by :func:`~vllm_ascend_ext.cli.common.read_json` (nesting and
+integers Python cannot read).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .common import CliError
+from .common import CliError, read_json, shown
 
 __all__ = [
     "ATTENTION_LAYER_TYPES",
@@ -53,6 +59,7 @@ __all__ = [
     "GATED_MODEL_TYPES",
     "GLOBAL_GEOMETRY_MODEL_TYPES",
     "GPTJ_MODEL_TYPES",
+    "MAX_CONFIG_INT",
     "OFFSET_NORM_MODEL_TYPES",
     "QK_NORM_MODEL_TYPES",
     "V_NORM_MODEL_TYPES",
@@ -91,6 +98,13 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 GLOBAL_GEOMETRY_MODEL_TYPES = frozenset({"gemma4", "gemma4_text"})
 #: ``global_head_dim`` when such a config leaves it out (``Gemma4TextConfig``'s default).
 GEMMA4_GLOBAL_HEAD_DIM = 512
+#: The largest count a config key may give (heads, head size, hidden size, layers, mRoPE lanes):
+#: 2**20, 64 times the largest published (hidden_size 16384, Llama-3.1-405B). A larger one is a
+#: typo, and a layer count of 10**400 kept ``plan`` counting layers until memory ran out
+#: (2**20 layers take about 5 s on the 2-core CI machine).
+MAX_CONFIG_INT = 1 << 20
+#: Keys that give the norm's epsilon, in the order read.
+EPS_KEYS = ("rms_norm_eps", "layernorm_epsilon", "layer_norm_eps", "layer_norm_epsilon")
 
 
 @dataclass(frozen=True)
@@ -138,8 +152,9 @@ def _positive_int(config: dict, key: str, where: str, field_name: str | None = N
     if key not in config or config[key] is None:
         return None
     value = config[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CliError(f"{where}: {field_name or key} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INT:
+        raise CliError(f"{where}: {field_name or key} must be a positive integer (at most {MAX_CONFIG_INT}), "
+                       f"got {shown(value)}")
     return value
 
 
@@ -148,8 +163,52 @@ def _flag(config: dict, key: str, where: str, field_name: str | None = None) -> 
     if config.get(key) is None:
         return None
     if not isinstance(config[key], bool):
-        raise CliError(f"{where}: {field_name or key} must be true or false, got {config[key]!r}")
+        raise CliError(f"{where}: {field_name or key} must be true or false, got {shown(config[key])}")
     return config[key]
+
+
+def _first_flag(config: dict, keys: tuple[str, ...], where: str) -> bool | None:
+    """The first of ``keys`` the config sets (each, when set, a boolean), or ``None``."""
+    for key in keys:
+        value = _flag(config, key, where)
+        if value is not None:
+            return value
+    return None
+
+
+def _model_type(config: dict, where: str) -> str:
+    """``model_type`` lower-cased (``""`` when absent); a string or an error naming it."""
+    value = config.get("model_type")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise CliError(f"{where}: model_type must be a string, got {shown(value)}")
+    return value.lower()
+
+
+def _eps(config: dict, where: str) -> float | None:
+    """The first of :data:`EPS_KEYS` the config sets, a finite number >= 0, or ``None``."""
+    for key in EPS_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer past float's range
+                pass
+        if number is None or not math.isfinite(number) or number < 0:
+            raise CliError(f"{where}: {key} must be a finite number >= 0, got {shown(value)}")
+        return number
+    return None
+
+
+def _check_objects(config: dict, where: str) -> None:
+    """``rope_parameters`` and ``rope_scaling``, when set, are objects (an error naming the key)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise CliError(f"{where}: {key} must be an object, got {shown(config[key])}")
 
 
 def _rope_holders(config: dict, kind: str | None) -> list[tuple[str, dict]]:
@@ -172,11 +231,15 @@ def _rotary_factor(config: dict, kind: str | None) -> tuple[str, object] | None:
     return None
 
 
-def _rope_type(config: dict, kind: str | None) -> tuple[str, str] | None:
+def _rope_type(config: dict, kind: str | None, where: str) -> tuple[str, str] | None:
     for name, holder in _rope_holders(config, kind):
-        value = holder.get("rope_type", holder.get("type"))
-        if isinstance(value, str):
-            return f"{name}.rope_type", value
+        key = "rope_type" if holder.get("rope_type") is not None else "type"
+        value = holder.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise CliError(f"{where}: {name}.{key} must be a string, got {shown(value)}")
+        return f"{name}.rope_type", value
     return None
 
 
@@ -187,9 +250,9 @@ def _mrope(config: dict, where: str) -> tuple[tuple[int, int, int] | None, bool,
             continue
         section = holder["mrope_section"]
         if not isinstance(section, list) or len(section) != 3 or any(
-                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in section):
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_CONFIG_INT for v in section):
             raise CliError(f"{where}: {name}.mrope_section must be three non-negative integers (t, h, w), "
-                           f"got {section!r}")
+                           f"got {shown(section)}")
         interleaved = _flag(holder, "mrope_interleaved", where, f"{name}.mrope_interleaved")
         return tuple(section), bool(interleaved), f"{name}.mrope_section"
     return None, False, None
@@ -201,7 +264,8 @@ def _layer_kinds(config: dict, where: str) -> tuple[list[str] | None, int]:
     if layer_types is None:
         return None, _positive_int(config, "num_hidden_layers", where) or 0
     if not isinstance(layer_types, list) or not layer_types or not all(isinstance(k, str) for k in layer_types):
-        raise CliError(f"{where}: layer_types must be a non-empty list of layer type names, got {layer_types!r}")
+        raise CliError(f"{where}: layer_types must be a non-empty list of layer type names, "
+                       f"got {shown(layer_types)}")
     layers = _positive_int(config, "num_hidden_layers", where)
     if layers is not None and layers != len(layer_types):
         raise CliError(f"{where}: layer_types names {len(layer_types)} layers, num_hidden_layers is {layers}")
@@ -214,15 +278,17 @@ def _per_layer_overrides(config: dict, where: str) -> dict[int, dict] | None:
     if raw is None:
         return None
     pairs = list(enumerate(raw)) if isinstance(raw, list) else list(raw.items()) if isinstance(raw, dict) else None
-    if pairs is None or not all(isinstance(value, dict) and str(index).isdigit() for index, value in pairs):
-        raise CliError(f"{where}: per_layer_config must map layer indices to objects of overrides, got {raw!r}")
+    # An index is ASCII digits, no more than a layer count has ("²" is a digit to str.isdigit).
+    if pairs is None or not all(isinstance(value, dict) and re.fullmatch(r"[0-9]{1,7}", str(index))
+                                for index, value in pairs):
+        raise CliError(f"{where}: per_layer_config must map layer indices to objects of overrides, got {shown(raw)}")
     return {int(index): value for index, value in pairs}
 
 
 def _base_fields(config: dict, where: str, notes: list[str]) -> tuple[dict, dict, str]:
     """What every layer shares: heads, head size, style, norm, eps, gate, mRoPE."""
     origins = {"num_q_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads"}
-    model_type = str(config.get("model_type", "")).lower()
+    model_type = _model_type(config, where)
     heads = _positive_int(config, "num_attention_heads", where)
     if heads is None:
         raise CliError(f"{where} has no num_attention_heads: not a decoder-attention config")
@@ -246,23 +312,15 @@ def _base_fields(config: dict, where: str, notes: list[str]) -> tuple[dict, dict
             raise CliError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
         origins["head_dim"] = f"hidden_size {hidden} / num_attention_heads {heads}"
-    interleaved = config.get("rope_interleaved", config.get("rotary_interleaved"))
-    is_neox = not interleaved if isinstance(interleaved, bool) else model_type not in GPTJ_MODEL_TYPES
-    qk_norm = None
-    for key in ("use_qk_norm", "qk_norm", "qk_layernorm"):
-        if isinstance(config.get(key), bool):
-            qk_norm = config[key]
-            break
+    interleaved = _first_flag(config, ("rope_interleaved", "rotary_interleaved"), where)
+    is_neox = not interleaved if interleaved is not None else model_type not in GPTJ_MODEL_TYPES
+    qk_norm = _first_flag(config, ("use_qk_norm", "qk_norm", "qk_layernorm"), where)
     if qk_norm is None:
         qk_norm = model_type in QK_NORM_MODEL_TYPES
         if not model_type:
             notes.append("no model_type: assumed no q/k norm (pass --qk-norm to change)")
-    eps = None
-    for key in ("rms_norm_eps", "layernorm_epsilon", "layer_norm_eps", "layer_norm_epsilon"):
-        if isinstance(config.get(key), (int, float)) and not isinstance(config.get(key), bool):
-            eps = float(config[key])
-            break
-    if eps is None or not math.isfinite(eps) or eps < 0:
+    eps = _eps(config, where)
+    if eps is None:
         eps = 1e-6
         notes.append("no rms_norm_eps: assumed 1e-6")
     q_gate = _flag(config, "attn_output_gate", where)
@@ -284,7 +342,7 @@ def _rotary(config: dict, kind: str | None, head_dim: int, where: str) -> tuple[
     rotary = _positive_int(config, "rotary_dim", where)
     if rotary is not None:
         return rotary, None
-    rope_type = _rope_type(config, kind)
+    rope_type = _rope_type(config, kind, where)
     if rope_type is not None and rope_type[1] == "proportional":
         # vLLM's Gemma4RotaryEmbedding: the frequencies past partial_rotary_factor are zero, and
         # the whole head is rotated (cos 1, sin 0 on those pairs): the cache is head_dim wide.
@@ -293,7 +351,7 @@ def _rotary(config: dict, kind: str | None, head_dim: int, where: str) -> tuple[
     if factor is not None:
         name, value = factor
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise CliError(f"{where}: {name} must be in (0, 1], got {value!r}")
+            raise CliError(f"{where}: {name} must be in (0, 1], got {shown(value)}")
         return int(head_dim * value), f"{name} {value!r} x head_dim {head_dim}"
     return head_dim, f"head_dim {head_dim} (no rotary_dim or partial_rotary_factor)"
 
@@ -329,19 +387,23 @@ def specs_from_config(config: dict, name: str, where: str = "config.json") -> tu
     from ..ops.models import ModelSpec
 
     notes: list[str] = []
-    if "num_attention_heads" not in config and isinstance(config.get("text_config"), dict):
-        outer_type = str(config.get("model_type", "")).lower()
+    if "num_attention_heads" not in config and config.get("text_config") is not None:
+        if not isinstance(config["text_config"], dict):
+            raise CliError(f"{where}: text_config must be an object, got {shown(config['text_config'])}")
+        outer_type = _model_type(config, where)
         config = config["text_config"]
         if "model_type" not in config and outer_type:
             config = config | {"model_type": outer_type}
         notes.append("read the language model's text_config")
+    _check_objects(config, where)
     base, base_origins, model_type = _base_fields(config, where, notes)
     layer_types, num_layers = _layer_kinds(config, where)
-    kv_shared = config.get("num_kv_shared_layers") or 0
+    kv_shared = config.get("num_kv_shared_layers")
+    kv_shared = 0 if kv_shared is None else kv_shared
     if isinstance(kv_shared, bool) or not isinstance(kv_shared, int) or not 0 <= kv_shared <= max(num_layers, 0) \
             or (kv_shared and not num_layers):
         raise CliError(f"{where}: num_kv_shared_layers must be an integer in [0, {num_layers}] (the layers), "
-                       f"got {config.get('num_kv_shared_layers')!r}")
+                       f"got {shown(kv_shared)}")
     per_layer = _per_layer_overrides(config, where)
     k_eq_v = bool(_flag(config, "attention_k_eq_v", where))
     global_kv = _positive_int(config, "num_global_key_value_heads", where)
@@ -424,12 +486,7 @@ def resolve_models(text: str) -> list[ResolvedModel]:
         if not path.is_file():
             raise CliError(f"{text} is a folder without a config.json")
     if path.is_file():
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CliError(f"cannot read {path}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        config = read_json(path)
         if not isinstance(config, dict):
             raise CliError(f"{path} is not a JSON object")
         name = path.parent.name or path.stem

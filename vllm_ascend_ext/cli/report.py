@@ -28,8 +28,9 @@ Each kernel falls in a group: the provider named by the run's ``workload.json`` 
 and the floor bandwidth (the bytes the fused op must move over that time).
 
 A missing column, an empty file, an unparsable or negative number (a duration, a dimension), a
-CSV field too long for Python's ``csv`` module, or a malformed ``workload.json`` field is a
-one-line error naming the file (exit 2).
+CSV field too long for Python's ``csv`` module, a JSON file that nests too deep or holds an
+integer Python cannot read (:func:`~vllm_ascend_ext.cli.common.read_json`), or a malformed
+``workload.json`` field is a one-line error naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .common import CliError, CliParser, output_dir
+from .common import CliError, CliParser, output_dir, read_json, shown
 from .geometry import DTYPE_BYTES, resolve_model, shard_checked
 
 __all__ = ["KernelStats", "Record", "add_parser", "arguments", "load", "read_sidecar", "run", "summarize"]
@@ -196,13 +197,23 @@ def tensor_bytes(shapes: str, dtypes: str) -> int | None:
     return total
 
 
+#: The largest ``tp``, ``tokens`` or ``iterations`` a ``workload.json`` may give: 2**31 - 1, an
+#: int32 (what a launch grid counts in). Past it a value is a typo, and near 10**308 the
+#: bandwidth arithmetic overflows a float.
+SIDECAR_MAX_INT = 2**31 - 1
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SIDECAR_MAX_INT
+
+
 #: ``workload.json``'s fields and what each must be: a checker, and the words for the error line.
 _SIDECAR_FIELDS = {
     "provider": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "model": (lambda v: isinstance(v, str) and bool(v), "a non-empty string (a preset or config.json)"),
-    "tp": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
-    "tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
-    "iterations": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "tp": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
+    "tokens": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
+    "iterations": (_count, f"a positive integer (at most {SIDECAR_MAX_INT})"),
     "dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
     "cache_dtype": (lambda v: v in DTYPE_BYTES, "one of " + ", ".join(sorted(DTYPE_BYTES))),
     "device": (lambda v: isinstance(v, str), "a string"),
@@ -227,19 +238,15 @@ def read_sidecar(path: Path) -> dict:
     ------
     CliError
         One line naming the file and the field, when it is not a JSON object or a field is
-        malformed (``"tokens": "abc"``, ``"dtype": "int8"``...).
+        malformed (``"tokens": "abc"``, ``"dtype": "int8"``...), or the file is not JSON
+        (:func:`~vllm_ascend_ext.cli.common.read_json`).
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CliError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise CliError(f"{path}: not a JSON object")
     for key, (valid, expected) in _SIDECAR_FIELDS.items():
         if key in data and data[key] is not None and not valid(data[key]):
-            raise CliError(f"{path}: field {key!r} must be {expected}, got {data[key]!r}")
+            raise CliError(f"{path}: field {key!r} must be {expected}, got {shown(data[key])}")
     return data
 
 
@@ -338,18 +345,7 @@ def read_csv(path: Path, ctx: Context, stop: Path) -> list[Record]:
 
 def read_trace(path: Path, ctx: Context, stop: Path) -> list[Record]:
     """Kernel launches from a Chrome-trace JSON that torch.profiler exported."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"{path}: not a text file") from None
-    if not text.strip():
-        raise CliError(f"{path} is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    data = read_json(path)
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise CliError(f"{path}: no traceEvents list (not a torch.profiler Chrome trace)")
@@ -359,15 +355,15 @@ def read_trace(path: Path, ctx: Context, stop: Path) -> list[Record]:
         if not isinstance(event, dict) or str(event.get("cat", "")).lower() != "kernel" or event.get("ph") != "X":
             continue
         raw = event.get("dur")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):  # "21.5" is text, not a number
+            raise CliError(f"{path}: a kernel event without a numeric 'dur' (got {shown(raw)})")
         try:
-            if isinstance(raw, bool):
-                raise TypeError
             duration = float(raw)
-        except (TypeError, ValueError):
-            raise CliError(f"{path}: a kernel event without a numeric 'dur' (got {raw!r})") from None
+        except OverflowError:  # an integer past float's range
+            duration = math.inf
         name = str(event.get("name", "(unnamed)"))
         if not math.isfinite(duration) or duration < 0:
-            raise CliError(f"{path}: kernel event {name!r} has 'dur' {raw!r}, not a duration "
+            raise CliError(f"{path}: kernel event {shown(name)} has 'dur' {shown(raw)}, not a duration "
                            "(a finite number >= 0)")
         records.append(Record(name, duration, None, _group(name, ctx, sidecar), str(path)))
     if not records:

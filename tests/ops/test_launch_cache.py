@@ -1,0 +1,283 @@
+"""The launch cache: one full validation per key, the full path again when the key changes, and
+the same ValueError for a bad call after a good one (vllm_ascend_ext.ops.launch_cache).
+
+Most tests run on ``meta`` tensors: the ops validate, allocate their outputs and launch nothing
+there, so a thousand calls cost microseconds and the cache is all that is exercised. Launches
+through the cache are covered by every kernel test (they all go through it); the GPU tests here
+check the direct launch (Triton 3.6/3.7 on CUDA) and that no op syncs the host.
+"""
+
+import importlib
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from vllm_ascend_ext.ops import launch_cache, reference, validation
+from vllm_ascend_ext.ops.models import AttentionGeometry
+
+pytestmark = pytest.mark.kernel
+
+GEOMETRY = AttentionGeometry(num_q_heads=4, num_kv_heads=2, head_dim=16, rotary_dim=16)
+
+
+def _op(name):
+    return getattr(importlib.import_module("vllm_ascend_ext.ops"), name)
+
+
+def _args(tokens: int, device="meta", **overrides) -> dict:
+    args = reference.make_inputs(GEOMETRY, tokens, device="cpu")
+    args = {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in args.items()}
+    args.update(overrides)
+    return args
+
+
+@pytest.fixture
+def count_validations(monkeypatch):
+    """How many times the prologue's validator ran (a list of one counter)."""
+    count = [0]
+    real = validation.split_qkv_rmsnorm_rope
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "split_qkv_rmsnorm_rope", counting)
+    return count
+
+
+def test_one_validation_for_many_token_counts(count_validations):
+    op = _op("split_qkv_rmsnorm_rope")
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(1000):
+        tokens = int(torch.randint(2, 300, (1,), generator=generator))
+        q, k, v = op(**_args(tokens))
+        assert q.shape == (tokens, 4 * 16) and q.device.type == "meta"
+    assert count_validations[0] == 1
+    entries, misses, hits = launch_cache.stats()["split_qkv_rmsnorm_rope"]
+    assert (entries, misses, hits) == (1, 1, 999)
+
+
+@pytest.mark.parametrize("change", ["dtype", "row_stride", "flag", "scalar", "weight_dtype", "alignment",
+                                    "positions_dtype", "bool_for_int"])
+def test_a_changed_key_validates_again(change, count_validations, device):
+    op = _op("split_qkv_rmsnorm_rope")
+    base = _args(8)
+    op(**base)
+    op(**_args(5))
+    assert count_validations[0] == 1
+    changed = dict(base)
+    if change == "dtype":
+        changed["qkv"] = base["qkv"].to(torch.float16)
+        changed["q_weight"] = base["q_weight"].to(torch.float16)
+        changed["k_weight"] = base["k_weight"].to(torch.float16)
+    elif change == "row_stride":
+        changed["qkv"] = torch.empty(8, base["qkv"].shape[1] + 8, dtype=base["qkv"].dtype,
+                                     device="meta")[:, :base["qkv"].shape[1]]
+    elif change == "flag":
+        changed["is_neox"] = not base.get("is_neox", True)
+    elif change == "scalar":
+        changed["eps"] = 1e-5
+    elif change == "weight_dtype":
+        changed["q_weight"] = base["q_weight"].float()
+    elif change == "alignment":  # meta tensors have no address: two small CPU calls
+        aligned = _args(2, device=device)
+        op(**aligned)
+        count_validations[0] = 1
+        width = aligned["qkv"].shape[1]
+        shifted = torch.empty(2 * width + 1, dtype=aligned["qkv"].dtype, device=aligned["qkv"].device)
+        shifted[1:].copy_(aligned["qkv"].reshape(-1))
+        changed = dict(aligned, qkv=shifted[1:].view(2, width))
+    elif change == "positions_dtype":
+        changed["positions"] = base["positions"].to(torch.int32)
+    elif change == "bool_for_int":  # True == 1 to a dict, not to the validator
+        geometry = AttentionGeometry(num_q_heads=1, num_kv_heads=1, head_dim=16, rotary_dim=16)
+        args = reference.make_inputs(geometry, 4, device="cpu")
+        args = {n: t.to("meta") if isinstance(t, torch.Tensor) else t for n, t in args.items()}
+        op(**args)
+        count_validations[0] = 1
+        with pytest.raises(ValueError, match="num_q_heads must be a positive int"):
+            op(**dict(args, num_q_heads=True))
+        return
+    op(**changed)
+    assert count_validations[0] == 2
+
+
+@pytest.mark.parametrize("bad", ["positions_tokens", "nan_eps", "requires_grad", "slots_short", "wrong_device"])
+def test_a_bad_call_after_a_good_one_raises_the_same(bad):
+    if bad == "slots_short":
+        op = _op("split_qkv_rmsnorm_rope_kv_cache")
+        args = _kv_args(6)
+        op(**args)
+        op(**_kv_args(3))
+        with pytest.raises(ValueError, match="slot_mapping must be"):
+            op(**dict(_kv_args(6), slot_mapping=torch.zeros(5, dtype=torch.int64, device="meta")))
+        return
+    op = _op("split_qkv_rmsnorm_rope")
+    op(**_args(6))
+    args = _args(6)
+    if bad == "positions_tokens":
+        args["positions"] = torch.zeros(5, dtype=torch.int64, device="meta")
+        match = "positions has 5 tokens, qkv has 6"
+    elif bad == "nan_eps":
+        args["eps"] = float("nan")
+        match = "eps must be a finite"
+    elif bad == "requires_grad":
+        args["q_weight"] = args["q_weight"].clone().requires_grad_()
+        match = "q_weight requires grad"
+    else:
+        args["k_weight"] = torch.ones(16, dtype=torch.bfloat16, device="cpu")
+        match = "k_weight is on cpu"
+    with pytest.raises(ValueError, match=match):
+        op(**args)
+
+
+def _kv_args(tokens: int) -> dict:
+    args = _args(tokens)
+    blocks, block_size = 4, 4
+    cache = torch.empty(blocks, block_size, GEOMETRY.num_kv_heads, GEOMETRY.head_dim, dtype=torch.bfloat16,
+                        device="meta")
+    return dict(args, key_cache=cache, value_cache=torch.empty_like(cache),
+                slot_mapping=torch.zeros(tokens, dtype=torch.int64, device="meta"))
+
+
+def test_meta_tensors_get_the_validators_outputs():
+    """Every tensor on the meta device: the outputs as the custom op's fake gives them, no launch."""
+    gated = dict(_args(3), q_gate=True, qkv=torch.empty(3, (8 + 4) * 16, dtype=torch.bfloat16, device="meta"))
+    q, k, v, gate = _op("split_qkv_rmsnorm_rope")(**gated)
+    assert [t.shape for t in (q, k, v, gate)] == [(3, 64), (3, 32), (3, 32), (3, 64)]
+    assert all(t.device.type == "meta" for t in (q, k, v, gate))
+    q, k, v = _op("split_qkv_rmsnorm_rope_kv_cache")(**_kv_args(2))
+    assert q.shape == (2, 64) and k.shape == (2, 0)
+
+
+def test_threads_share_one_entry(count_validations):
+    op = _op("split_qkv_rmsnorm_rope")
+    errors = []
+
+    def work(seed):
+        try:
+            for tokens in range(2, 60):
+                assert op(**_args(tokens + seed))[0].shape[0] == tokens + seed
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert 1 <= count_validations[0] <= 4  # racing first calls may each validate; never more
+    assert launch_cache.stats()["split_qkv_rmsnorm_rope"][0] == 1
+
+
+def test_clear_and_bound(monkeypatch, count_validations):
+    op = _op("split_qkv_rmsnorm_rope")
+    monkeypatch.setattr(launch_cache, "MAX_ENTRIES", 3)
+    for eps in (1e-6, 2e-6, 3e-6, 4e-6, 5e-6):
+        op(**dict(_args(4), eps=eps))
+    assert launch_cache.stats()["split_qkv_rmsnorm_rope"][0] == 3
+    launch_cache.clear()
+    assert launch_cache.stats()["split_qkv_rmsnorm_rope"] == (0, 0, 0)
+    op(**_args(4))
+    assert count_validations[0] == 6
+
+
+def test_which_launch_path_this_triton_takes():
+    """The interpreter and triton-ascend take the plain path (kernel[grid]); Triton 3.6/3.7 on
+    CUDA the direct one (checked on the GPU below)."""
+    from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope as _  # noqa: F401  (defines the kernel)
+    from vllm_ascend_ext.ops import triton_launcher
+
+    kernel = sys.modules["vllm_ascend_ext.ops.split_qkv_rmsnorm_rope"].split_qkv_rmsnorm_rope_kernel
+    reason = triton_launcher.direct_unavailable_reason(kernel)
+    import triton
+
+    if triton_launcher.interpreted(kernel):
+        assert reason == "Triton's interpreter runs the kernel"
+    if triton.__version__.startswith("3.2"):
+        assert "triton-ascend" in triton_launcher.direct_unavailable_reason()
+    elif triton.__version__.split(".")[:2] in (["3", "6"], ["3", "7"]):
+        assert triton_launcher.direct_unavailable_reason() is None
+
+
+def test_interpret_set_after_triton_was_imported():
+    """TRITON_INTERPRET set after Triton was imported: the op's own error, naming the variable and
+    what to do, not Triton's "0 active drivers"."""
+    code = (
+        "import os, torch, triton\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope\n"
+        "from vllm_ascend_ext.ops.models import AttentionGeometry\n"
+        "g = AttentionGeometry(num_q_heads=2, num_kv_heads=1, head_dim=16, rotary_dim=16)\n"
+        "try:\n"
+        "    split_qkv_rmsnorm_rope(**reference.make_inputs(g, 2))\n"
+        "except ValueError as exc:\n"
+        "    print('ValueError:', exc)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "ValueError:" in out.stdout, out.stderr[-2000:]
+    assert "TRITON_INTERPRET" in out.stdout and "before Triton is imported" in out.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("op_name", ["split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache",
+                                     "split_qkv_tp_rmsnorm_rope"])
+def test_cuda_direct_launch_and_no_host_sync(op_name, device):
+    """On CUDA (Triton 3.6/3.7) calls after the first go straight to the compiled kernel, give the
+    plain path's results, and never sync the host (CUDA's sync debug mode raises on a sync)."""
+    if device.type != "cuda":
+        pytest.skip("the kernels run through the interpreter here")
+    op = _op(op_name)
+    args = _args(37, device="cuda")
+    if op_name == "split_qkv_rmsnorm_rope_kv_cache":
+        cache = torch.zeros(8, 16, GEOMETRY.num_kv_heads, GEOMETRY.head_dim, dtype=torch.bfloat16, device="cuda")
+        args.update(key_cache=cache, value_cache=torch.zeros_like(cache),
+                    slot_mapping=torch.randperm(128, device="cuda")[:37], return_kv=True)
+    if op_name == "split_qkv_tp_rmsnorm_rope":
+        h = GEOMETRY.head_dim
+        args = {n: args[n] for n in ("qkv", "cos_sin_cache", "positions", "num_q_heads", "num_kv_heads",
+                                     "head_dim", "eps")}
+        args.update(q_weight=torch.rand(4 * h, device="cuda", dtype=torch.bfloat16),
+                    k_weight=torch.rand(2 * h, device="cuda", dtype=torch.bfloat16))
+    first = [t.clone() for t in op(**args)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            again = op(**args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    cache = next(c for c in launch_cache._caches if c.name == op_name)
+    entry = next(iter(cache._entries.values()))
+    prologue = getattr(entry, "prologue", entry)
+    assert prologue._bound and all(bound.direct for bound in prologue._bound.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_mla_direct_launch_and_no_host_sync(device):
+    """The MLA prologue (with its cache write) and its q side: direct launches after the first,
+    the same results, no host sync."""
+    if device.type != "cuda":
+        pytest.skip("the kernels run through the interpreter here")
+    prologue, q_rope = _op("split_qkv_rmsnorm_rope_mla"), _op("mla_q_rope_")
+    args = reference.make_mla_inputs(64, 32, 16, 37, device="cuda", out_of_range=False)
+    args.update(reference.make_mla_cache(args))
+    q = torch.randn(37, 4, 48, device="cuda", dtype=torch.bfloat16)
+    first = [t.clone() for t in prologue(**args)] + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = list(prologue(**args)) + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for name in ("split_qkv_rmsnorm_rope_mla", "mla_q_rope_"):
+        cache = next(c for c in launch_cache._caches if c.name == name)
+        assert all(entry._bound.direct for entry in cache._entries.values())
