@@ -473,30 +473,40 @@ def sums_plan(shape: KernelShape, facts: CudaFacts) -> SumsPlan:
 
 
 #: Lanes of a latent row the MLA prologue holds at once at most: kv_c's 512 whole and q_c's 1536 as
-#: three exact chunks (the Ascend plan's rule, ``ascend.mla_row_chunk``). Not measured on a GPU: a
-#: 512-lane bf16 chunk of 8 tokens is the GQA plan's ``TILE_ELEMENTS`` tile (4096 elements).
+#: three exact chunks (the Ascend plan's rule, ``ascend.mla_row_chunk``). The H200 sweep
+#: (``scripts/tune_mla_plan.py``, docs/performance.md) found q_c held whole (2048 lanes, masked)
+#: within 1% of three 512-lane chunks at T >= 4096, so the chunks stay.
 MLA_MAX_ROW_CHUNK = 512
+#: The MLA prologue's tile (tokens x the widest row chunk) and warps: 4 tokens x 512 lanes on 2
+#: warps was the sweep's best or within 2% of it at T = 4096 and 16384 on DeepSeek-V3, Kimi-K2 and
+#: V2-Lite (1.13-1.19x the same-bytes copy where the GQA plan's 8 tokens on 4 warps gave 1.15-1.36x).
+MLA_TILE_ELEMENTS, MLA_WARPS = 2048, 2
+#: The q side's tile: 1024 elements (2 tokens x 8 heads x 64 rotary lanes), 4 warps: the sweep's
+#: best or within 4% of it (1.0-1.15x the copy; the GQA plan's 8 tokens: 1.0-1.24x). Fewer heads on
+#: the rank take more tokens to the same tile (8 elements, 16 bytes, a thread: ``cuda_compile``
+#: requires 16-byte accesses; not timed below 8 heads).
+MLA_Q_TILE_ELEMENTS, MLA_Q_WARPS = 1024, 4
+#: Programs an SM walking the MLA tiles grid-stride: 16 beat 8 at T = 16384 on every sweep row.
+MLA_PROGRAMS_PER_SM = 16
 
 
 @functools.lru_cache(maxsize=None)
 def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
-    """The CUDA plan of the MLA kernel (pure), by the GQA plan's rules and not yet measured for MLA:
-    tiles of :data:`TILE_ELEMENTS` (the prologue: tokens x the widest row chunk; the q side: tokens
-    x ``MAX_BLOCK_HEADS`` heads x the padded rotary lanes), warps giving each thread
-    :data:`ELEMENTS_PER_THREAD` of it (``MIN_WARPS`` to ``MAX_WARPS``), :data:`PROGRAMS_PER_SM`
-    programs an SM walking the tiles grid-stride. One plan for every batch size."""
+    """The CUDA plan of the MLA kernel (pure; the H200 sweep's constants above): the prologue's tile
+    is :data:`MLA_TILE_ELEMENTS` (tokens x the widest row chunk) on :data:`MLA_WARPS` warps, the
+    q side's :data:`MLA_Q_TILE_ELEMENTS` (tokens x up to ``MAX_BLOCK_HEADS`` heads x the rotary
+    lanes) on :data:`MLA_Q_WARPS`; :data:`MLA_PROGRAMS_PER_SM` programs an SM walking the tiles grid-stride.
+    One plan for every batch size."""
     from .ascend import mla_row_chunk
 
     q_chunk = min(mla_row_chunk(shape.q_lora_rank), MLA_MAX_ROW_CHUNK) if shape.q_lora_rank else 1
     kv_chunk = min(mla_row_chunk(shape.kv_lora_rank), MLA_MAX_ROW_CHUNK) if shape.kv_lora_rank else 1
     rot = 2 * shape.half_pad if shape.rope_dim else 1
-    heads = 1
     if shape.q_rope:
-        heads = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS)
-        row = heads * rot
+        heads, warps = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS), MLA_Q_WARPS
+        tokens = prev_pow2(max(1, MLA_Q_TILE_ELEMENTS // (heads * rot)))
     else:
-        row = max(q_chunk, kv_chunk, rot)
-    tokens = prev_pow2(max(1, TILE_ELEMENTS // row))
-    warps = max(MIN_WARPS, min(MAX_WARPS, prev_pow2(tokens * row // (32 * ELEMENTS_PER_THREAD))))
+        heads, warps = 1, MLA_WARPS
+        tokens = prev_pow2(max(1, MLA_TILE_ELEMENTS // max(q_chunk, kv_chunk, rot)))
     return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
-                   max_programs=facts.num_sms * PROGRAMS_PER_SM, num_warps=warps)
+                   max_programs=facts.num_sms * MLA_PROGRAMS_PER_SM, num_warps=warps)

@@ -1,0 +1,56 @@
+"""``scripts/tune_mla_plan.py`` (the MLA plan sweep behind ``cuda.mla_plan``'s constants) on the CPU:
+its byte counts against the benchmark's, its candidate plans, and its refusal without a GPU."""
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_ascend_ext import bench_mla
+from vllm_ascend_ext.ops import device as device_facts
+from vllm_ascend_ext.ops.models import mla_model
+from vllm_ascend_ext.ops.tiling import cuda
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_mla_plan.py"
+
+
+@pytest.fixture(scope="module")
+def tune():
+    spec = importlib.util.spec_from_file_location("tune_mla_plan", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name, heads", [("DeepSeek-V3", 16), ("DeepSeek-V2-Lite", 16)])
+def test_bytes_are_the_benchmarks_split_in_two(tune, name, heads):
+    spec = mla_model(name)
+    prologue, q_side = tune._bytes(spec, heads, 100)
+    assert prologue + q_side == bench_mla.mla_bytes_moved(spec, heads, 100)
+
+
+def test_candidates_vary_what_the_flags_say(tune):
+    spec = mla_model("DeepSeek-V3")
+    case = bench_mla.make_mla_case(spec, 16, 3, torch.device("cpu"))
+    prologue, q_side = tune._shapes(case)
+    assert not prologue.q_rope and q_side.q_rope and q_side.num_heads == 16
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    flags = argparse.Namespace(block_tokens=[2, 4], q_block_tokens=[1, 2], warps=[2], q_warps=[4], per_sm=[8, 16],
+                               block_heads=[4, 8], q_chunk=[512, 2048])
+    plans = tune._candidates(cuda.mla_plan(prologue, facts), False, facts, flags)
+    assert {(p.block_tokens, p.q_chunk, p.max_programs) for p in plans} == {
+        (t, c, s * 132) for t in (2, 4) for c in (512, 2048) for s in (8, 16)}
+    q_plans = tune._candidates(cuda.mla_plan(q_side, facts), True, facts, flags)
+    assert {(p.block_tokens, p.block_heads, p.num_warps) for p in q_plans} == {
+        (t, h, 4) for t in (1, 2) for h in (4, 8)}
+
+
+def test_refuses_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run the sweep")
+    out = subprocess.run([sys.executable, "-P", str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
