@@ -21,9 +21,9 @@ def poisoned(monkeypatch):
         return out
 
     FRAMES.clear()
-    # The prologue op's module (the package re-exports the function under the module's name): its
-    # launcher, which the KV-cache op launches through too, allocates the outputs.
-    op_module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope")
-    monkeypatch.setattr(op_module, "_new_output", _new_output)
+    # The op modules whose launchers allocate the outputs (the package re-exports each function
+    # under its module's name): the prologue's, which the KV-cache op launches through too, and MLA's.
+    for name in ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_mla"):
+        monkeypatch.setattr(importlib.import_module(f"vllm_ascend_ext.ops.{name}"), "_new_output", _new_output)
     yield
     check_sentinels()

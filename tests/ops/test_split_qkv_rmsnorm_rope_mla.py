@@ -21,7 +21,7 @@ import importlib
 import pytest
 import torch
 
-from op_checks import TOLERANCES, make_slots, random_bits
+from op_checks import TOLERANCES, check_sentinels, make_slots, random_bits
 from vllm_ascend_ext.ops import reference, settings, tiling, validation
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import mla_model
@@ -36,42 +36,11 @@ op_module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 PLANS = ("ascend", "cuda", "small")
 SMALL_PLAN = MLAPlan(block_tokens=2, block_heads=2, q_chunk=16, kv_chunk=16, max_programs=3, num_warps=4)
-SENTINEL = -7.25
-GUARD_COLUMNS = 16
 #: (q_lora_rank, kv_lora_rank, rope_dim): interpreter-sized rows (40 = 2.5 chunks of the small plan),
 #: the no-q-latent form (V2-Lite) and the no-rope form (Kimi-K3).
 SMALL = (40, 24, 16)
 NO_Q_LORA = (0, 24, 16)
 NO_ROPE = (40, 24, 0)
-_framed: list[tuple[torch.Tensor, int]] = []
-
-
-def check_sentinels() -> None:
-    frames = list(_framed)
-    _framed.clear()
-    for frame, columns in frames:
-        guard = torch.ones(frame.shape, dtype=torch.bool, device=frame.device)
-        guard[1:-1, :columns] = False
-        assert bool((frame[guard] == SENTINEL).all()), f"wrote outside a [{frame.shape[0] - 2}, {columns}] output"
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Outputs full of NaN inside a frame of sentinels (an unwritten element fails the reference
-    check, a write outside an output fails :func:`check_sentinels`)."""
-    def _new_output(x, num_tokens, columns):
-        frame = torch.full((num_tokens + 2, columns + GUARD_COLUMNS), SENTINEL, dtype=x.dtype, device=x.device)
-        out = frame[1:num_tokens + 1, :columns]
-        out.fill_(float("nan"))
-        _framed.append((frame, columns))
-        return out
-
-    _framed.clear()
-    monkeypatch.setattr(op_module, "_new_output", _new_output)
-    yield
-    check_sentinels()
-
-
 def plan_of(kind: str, shape: MLAShape, device) -> MLAPlan:
     if kind == "ascend":
         return ascend.mla_plan(shape, device_facts.ascend_facts(None))
