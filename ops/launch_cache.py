@@ -24,8 +24,8 @@ import threading
 
 import torch
 
-__all__ = ["MAX_ENTRIES", "LaunchCache", "call_key", "clear", "positions_key", "prepared", "rows_key", "slots_key",
-           "stats", "tensor_key"]
+__all__ = ["MAX_ENTRIES", "TOKEN_KEYS", "LaunchCache", "call_key", "clear", "positions_key", "prepared", "rows_key",
+           "slots_key", "stats", "tensor_key", "tokens_agree"]
 
 #: Entries per cache: a model has a few layer geometries, each with at most three token-count
 #: buckets (0, 1, more) per cache; 256 leaves room for many models and tests in one process.
@@ -121,6 +121,7 @@ def call_key(args: dict, token_keys: dict):
             values.append(tensor_key(value) if special is None else special(value))
         elif kind is list or kind is tuple:  # mRoPE's sections; MLA's (nope, rope) caches
             values.append(tuple(tensor_key(v) if isinstance(v, torch.Tensor) else (v, type(v)) for v in value))
+            kind = tuple  # the validators take a list as the same tuple (int[] reaches an op as a list)
         else:
             values.append(value)
         kinds.append(kind)
@@ -158,6 +159,19 @@ def slots_key(slot_mapping):
     slots = slot_mapping.shape[0] if slot_mapping.dim() else 0
     return (slot_mapping.dtype, slot_mapping.device, slot_mapping.dim(), slot_mapping.stride(),
             not slot_mapping.data_ptr() & 15, slots if slots < 2 else 2)
+
+
+def tokens_agree(args: dict) -> bool:
+    """Whether positions and slot mapping hold the token count of qkv (the key leaves it out)."""
+    tokens = args["qkv"].shape[0]
+    if args["positions"].shape[-1] != tokens:
+        return False
+    slots = args.get("slot_mapping")
+    return slots is None or slots.shape[0] >= tokens
+
+
+#: The arguments of the split-QKV family whose sizes include the token count, and their key.
+TOKEN_KEYS = {"qkv": rows_key, "positions": positions_key, "slot_mapping": slots_key}
 
 
 def prepared(cache: LaunchCache, args: dict, validate, make, token_keys: dict, extra=None):

@@ -873,8 +873,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
 
 
 #: The arguments whose sizes include the token count, and their part of the key.
-TOKEN_KEYS = {"qkv": launch_cache.rows_key, "positions": launch_cache.positions_key,
-              "slot_mapping": launch_cache.slots_key}
+TOKEN_KEYS = launch_cache.TOKEN_KEYS
 
 _CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope")
 
@@ -926,13 +925,7 @@ class Prepared:
         self._per_tokens: dict[int, tuple] = {}
         self._bound: dict = {}
 
-    def tokens_agree(self, args: dict) -> bool:
-        """Whether positions and slot mapping hold the token count of qkv (the key leaves it out)."""
-        tokens = args["qkv"].shape[0]
-        if args["positions"].shape[-1] != tokens:
-            return False
-        slots = args.get("slot_mapping")
-        return slots is None or slots.shape[0] >= tokens
+    tokens_agree = staticmethod(launch_cache.tokens_agree)
 
     def run(self, args: dict, norm_sums=None):
         """Launch the call on ``args`` (the op's arguments by name; a TP call passes its summed

@@ -25,9 +25,11 @@ the one spelling of the argument list):
 * ``split_qkv_rmsnorm_rope_ascendc_(qkv!, ...) -> ()``: the same, written into ``qkv`` (and
   ``qkv``'s autograd version counter bumped, as the Triton op does).
 
-Every implementation, fake ones included, validates with the op's one validator
+Every implementation validates with the op's one validator
 (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope`) and then the kernel's own limits
-(:func:`unsupported_reason`), ``ValueError`` naming the argument either way. Both ops have a fake
+(:func:`unsupported_reason`), ``ValueError`` naming the argument either way: the fakes on every
+call, the real ones once per launch-cache key (:class:`Prepared`, the validated call object, made
+by the launch cache or handed over by the caller that already holds it). Both ops have a fake
 implementation always and a PrivateUse1 (NPU) one only when the CANN-built library
 ``libvllm_ascend_ext_ascendc.so`` loads (:func:`load_npu_library`; :func:`library_status` says
 whether one is there, without loading it). :func:`make_impl` builds an implementation around
@@ -48,13 +50,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import schema
-from .ops import settings, validation
+from .ops import launch_cache, settings, validation
 from .ops.tiling import PlanBase
 
 __all__ = [
@@ -66,6 +69,7 @@ __all__ = [
     "KV_OP_NAME",
     "MAX_HEAD_DIM",
     "OP_NAME",
+    "Prepared",
     "SERVED_FEATURES",
     "SUPPORTED_DTYPES",
     "Tiling",
@@ -473,7 +477,7 @@ def tiling(
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, v_out: torch.Tensor | None = None,
     gate_out: torch.Tensor | None = None, key_cache: torch.Tensor | None = None,
     value_cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
-    plan_override: AscendCPlan | None = None, device_index: int | None = None,
+    plan_override: AscendCPlan | None = None, device_index: int | None = None, num_tokens: int | None = None,
 ) -> tuple[Tiling, int, AscendCPlan]:
     """The tiling struct and block count for one launch (host-side only: no device access).
 
@@ -495,6 +499,9 @@ def tiling(
         :func:`forced`).
     device_index : int, optional
         The NPU whose facts size the plan (``None``: the default SoC's).
+    num_tokens : int, optional
+        The launch's token count (default ``call.num_tokens``: a cached call is validated on its
+        first token count and launched on each call's own).
 
     Returns
     -------
@@ -506,6 +513,7 @@ def tiling(
         The plan it came from.
     """
     shape, kv = call.shape, call.kv_cache
+    tokens = call.num_tokens if num_tokens is None else num_tokens
     kv_flags, kv_fields = _kv_fields(kv, key_cache, value_cache, slot_mapping)
     p = plan_override or _forced_plan[0] or plan(
         shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.rotary_dim, shape.elem_bytes,
@@ -527,15 +535,15 @@ def tiling(
         positionAxisStride=positions.stride(0) if shape.mrope else 0,
         gateOutRowStride=gate_out.stride(0) if shape.q_gate else 0,
         vOutRowStride=v_out.stride(0) if v_out is not None else 0,
-        numTokens=call.num_tokens, numQHeads=shape.num_q_heads, numKvHeads=shape.num_kv_heads,
+        numTokens=tokens, numQHeads=shape.num_q_heads, numKvHeads=shape.num_kv_heads,
         headDim=shape.head_dim, headDimPadded=padded_head_dim(shape.head_dim), rotaryDim=shape.rotary_dim,
         maxPosition=cos_sin_cache.shape[0], blockTokens=p.block_tokens, blockHeads=p.block_heads,
-        numTiles=p.num_tiles(shape, call.num_tokens), flags=flags,
+        numTiles=p.num_tiles(shape, tokens), flags=flags,
         dtype=DTYPE_CODES[qkv.dtype], cacheDtype=DTYPE_CODES[cos_sin_cache.dtype],
         eps=call.eps, weightOffset=call.weight_offset, mropeSectionT=section[0], mropeSectionH=section[1],
         mropeSectionW=section[2], ubBytes=p.ub_capacity, reserved=0, **kv_fields,
     )
-    return t, p.grid(shape, call.num_tokens), p
+    return t, p.grid(shape, tokens), p
 
 
 # --- torch ops ------------------------------------------------------------------------------------
@@ -578,6 +586,133 @@ def _fake_inplace(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads
               **features)
     return None
 
+#: The launch caches of the AscendC ops (the prologue and the KV-cache write; functional and in
+#: place share them: ``inplace`` is in the key).
+_CACHE = launch_cache.LaunchCache("ascendc.split_qkv_rmsnorm_rope")
+_KV_CACHE = launch_cache.LaunchCache("ascendc.split_qkv_rmsnorm_rope_kv_cache")
+#: The entry a :meth:`Prepared.run` hands to the op implementation it dispatches to (this thread).
+_handoff = threading.local()
+
+
+def _entry(cache: launch_cache.LaunchCache, args: dict, validate) -> Prepared:
+    """The call object of an op implementation's call: the one :meth:`Prepared.run` handed over
+    for this very ``qkv``, else the launch cache's (validated once per key)."""
+    entry = getattr(_handoff, "entry", None)
+    if entry is not None and _handoff.qkv is args["qkv"]:
+        return entry
+    return launch_cache.prepared(cache, args, validate, Prepared, launch_cache.TOKEN_KEYS)
+
+
+class Prepared:
+    """A validated call of the AscendC kernel (prologue, or with ``call.kv_cache`` the KV-cache
+    write), for every token count: the call object its route, its Python API and its torch ops
+    pass around.
+
+    Made once per launch-cache key from the op's validated :class:`~vllm_ascend_ext.ops.validation.Call`
+    (the Triton route's object, or this module's cache's); refuses what the kernel does not serve
+    (:func:`unsupported_reason`, ``ValueError``). Keeps the :class:`Tiling` and block count per
+    token count (none while :func:`forced` forces a plan). :meth:`run` dispatches the AscendC
+    torch op of the device with this entry handed over (no second validation), :meth:`launch` is
+    what that op runs.
+
+    Parameters
+    ----------
+    call : vllm_ascend_ext.ops.validation.Call
+        The validated call.
+    args : dict
+        The call's arguments by name, as the Python API takes them (``inplace`` among them).
+    """
+
+    #: Token counts whose tiling is kept (a bound on the per-count dict).
+    MAX_TOKEN_COUNTS = 4096
+
+    tokens_agree = staticmethod(launch_cache.tokens_agree)
+
+    def __init__(self, call: validation.Call, args: dict):
+        qkv, kv = args["qkv"], call.kv_cache
+        weights = tuple(args[n].dtype for n in ("q_weight", "k_weight", "q_bias", "k_bias") if args[n] is not None)
+        reason = unsupported_reason(qkv.dtype, call.shape.head_dim, weight_dtypes=weights,
+                                    cache_dtype=args["cos_sin_cache"].dtype, features=call.features, kv_cache=kv,
+                                    kv_dtype=None if kv is None else args["key_cache"].dtype)
+        if reason is not None:
+            raise ValueError(reason)
+        self.call, self.kv = call, kv is not None
+        shape = call.shape
+        self.q_cols, self.kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        self.k_col = shape.num_q_heads * shape.q_head_stride
+        self.int8 = self.kv and args["key_cache"].dtype == torch.int8
+        self.device_index = None if qkv.device.type == "cpu" else qkv.device.index
+        name = (KV_OP_NAME if self.kv else OP_NAME) + ("_" if call.inplace else "")
+        self._op = getattr(getattr(torch.ops, schema.NAMESPACE), name).default
+        self._tilings: dict[int, tuple[Tiling, int]] = {}
+
+    def run(self, args: dict):
+        """The Python API's call on ``args``: the AscendC op dispatched (per device) with this entry
+        handed over; ``(q, k, v)``, and the gate with ``q_gate`` (see :func:`split_qkv_rmsnorm_rope`)."""
+        call, qkv = self.call, args["qkv"]
+        op_args = dict(args)
+        del op_args["inplace"]
+        _handoff.entry, _handoff.qkv, _handoff.outputs = self, qkv, None
+        try:
+            self._op(**op_args)
+            q, k, v, gate = _handoff.outputs
+        finally:
+            _handoff.entry = _handoff.qkv = _handoff.outputs = None
+        v_view = None if call.v_norm and not call.inplace else qkv[:, self.k_col + self.kv_cols:
+                                                                     self.k_col + 2 * self.kv_cols]
+        if self.kv:
+            if call.inplace:
+                k = qkv[:, self.k_col:self.k_col + self.kv_cols]
+            v = v if v_view is None else v_view
+            if not call.kv_cache.return_kv:
+                k = v = qkv.new_empty((qkv.shape[0], 0))
+            return (q, k, v) + ((gate,) if call.q_gate and not call.inplace else ())
+        return (q, k, v if v_view is None else v_view) + ((gate,) if call.q_gate else ())
+
+    def launch(self, args: dict, launch) -> tuple[torch.Tensor, ...]:
+        """Allocate the op's outputs ``(q, k, v, gate)`` (:func:`_outputs`, :func:`_kv_outputs`), run
+        ``launch`` (:func:`make_impl`'s or :func:`make_kv_impl`'s) on them, return them."""
+        call, qkv = self.call, args["qkv"]
+        if self.kv:
+            q, k, v, gate = _kv_outputs(qkv, call)
+            return_kv = call.kv_cache.return_kv
+            k_out, v_out = (k if return_kv else None), (v if return_kv and call.v_norm else None)
+        else:
+            q, k, v, gate = _outputs(qkv, call)
+            k_out, v_out = k, (v if call.v_norm else None)
+        gate_out = gate if call.q_gate else None
+        tokens = qkv.shape[0]
+        if tokens > 0:
+            t, block_dim = self._tiling(tokens, args, q, k_out, v_out, gate_out)
+            weights = (args["q_weight"], args["k_weight"], args["q_bias"], args["k_bias"])
+            if self.kv:
+                launch(qkv, q, k_out, v_out, gate_out, args["cos_sin_cache"], args["positions"], *weights,
+                       args["key_cache"], args["value_cache"], args["slot_mapping"],
+                       args["k_scale"] if self.int8 else None, args["v_scale"] if self.int8 else None, block_dim, t)
+            else:
+                launch(qkv, q, k_out, v_out, gate_out, args["cos_sin_cache"], args["positions"], *weights,
+                       block_dim, t)
+            call.mark_written(qkv)
+        outputs = (q, k, v, gate)
+        if getattr(_handoff, "entry", None) is self:
+            _handoff.outputs = outputs
+        return outputs
+
+    def _tiling(self, tokens: int, args: dict, q, k_out, v_out, gate_out) -> tuple[Tiling, int]:
+        """:func:`tiling` for ``tokens``, kept per token count (every other input is the key's)."""
+        kept = self._tilings.get(tokens)
+        if kept is not None and _forced_plan[0] is None:
+            return kept
+        t, block_dim, _ = tiling(self.call, args["qkv"], q, k_out, args["cos_sin_cache"], args["positions"],
+                                 v_out=v_out, gate_out=gate_out, key_cache=args.get("key_cache"),
+                                 value_cache=args.get("value_cache"), slot_mapping=args.get("slot_mapping"),
+                                 device_index=self.device_index, num_tokens=tokens)
+        if _forced_plan[0] is None:
+            if len(self._tilings) >= self.MAX_TOKEN_COUNTS:
+                self._tilings.clear()
+            self._tilings[tokens] = t, block_dim
+        return t, block_dim
+
 
 def make_impl(launch, inplace: bool):
     """A backend implementation of the functional (or in-place) AscendC op around ``launch``.
@@ -604,19 +739,14 @@ def make_impl(launch, inplace: bool):
     """
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
-             is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, **features):
-        call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
-                         eps, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset,
-                         inplace=inplace, **features)
-        q, k, v, gate = _outputs(qkv, call)
-        if call.num_tokens > 0:
-            v_out, gate_out = (v if call.v_norm else None), (gate if call.q_gate else None)
-            t, block_dim, _ = tiling(call, qkv, q, k, cos_sin_cache, positions, v_out=v_out, gate_out=gate_out,
-                                     device_index=qkv.device.index if qkv.device.type != "cpu" else None)
-            launch(qkv, q, k, v_out, gate_out, cos_sin_cache, positions, q_weight, k_weight, q_bias, k_bias,
-                   block_dim, t)
-            call.mark_written(qkv)
-        return None if inplace else (q, k, v, gate)
+             is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, mrope_section=None, mrope_interleaved=False,
+             q_gate=False, v_norm=False):
+        args = dict(qkv=qkv, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions,
+                    num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, eps=eps, is_neox=is_neox,
+                    q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
+                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
+        outputs = _entry(_CACHE, args, validation.split_qkv_rmsnorm_rope).launch(args, launch)
+        return None if inplace else outputs
 
     return impl
 
@@ -721,25 +851,17 @@ def make_kv_impl(launch, inplace: bool):
 
     def impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
              num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None, v_scale=None, return_kv=False,
-             **prologue):
+             is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, mrope_section=None, mrope_interleaved=False,
+             q_gate=False, v_norm=False):
         value_cache = schema.value_cache_of(key_cache, value_cache, cache_layout)
-        call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
-                            slot_mapping, num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout,
-                            k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, inplace=inplace, **prologue)
-        q, k, v, gate = _kv_outputs(qkv, call)
-        if call.num_tokens > 0:
-            k_out = k if return_kv else None
-            v_out = v if return_kv and call.v_norm else None
-            gate_out = gate if call.q_gate else None
-            int8 = key_cache.dtype == torch.int8
-            t, block_dim, _ = tiling(call, qkv, q, k_out, cos_sin_cache, positions, v_out=v_out, gate_out=gate_out,
-                                     key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
-                                     device_index=qkv.device.index if qkv.device.type != "cpu" else None)
-            launch(qkv, q, k_out, v_out, gate_out, cos_sin_cache, positions, q_weight, k_weight,
-                   prologue.get("q_bias"), prologue.get("k_bias"), key_cache, value_cache, slot_mapping,
-                   k_scale if int8 else None, v_scale if int8 else None, block_dim, t)
-            call.mark_written(qkv)
-        return None if inplace else (q, k, v, gate)
+        args = dict(qkv=qkv, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions,
+                    key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping, num_q_heads=num_q_heads,
+                    num_kv_heads=num_kv_heads, head_dim=head_dim, eps=eps, cache_layout=cache_layout,
+                    k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, is_neox=is_neox, q_bias=q_bias,
+                    k_bias=k_bias, weight_offset=weight_offset, inplace=inplace, mrope_section=mrope_section,
+                    mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
+        outputs = _entry(_KV_CACHE, args, validation.split_qkv_rmsnorm_rope_kv_cache).launch(args, launch)
+        return None if inplace else outputs
 
     return impl
 
@@ -769,28 +891,10 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     ValueError
         On a bad argument (the op's validator) or one beyond the kernel's limits, naming it.
     """
-    prologue = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset,
-                    mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
-    call = _validate_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
-                        num_q_heads, num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale,
-                        v_scale=v_scale, return_kv=return_kv, inplace=inplace, **prologue)
-    args = (qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
-            num_kv_heads, head_dim, eps)
-    kwargs = dict(cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale, return_kv=return_kv, **prologue)
-    shape, tokens = call.shape, qkv.shape[0]
-    q_cols, kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    k_col = shape.num_q_heads * shape.q_head_stride
-    v_view = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
-    if call.inplace:
-        getattr(torch.ops.vllm_ascend_ext, KV_INPLACE_OP_NAME)(*args, **kwargs)
-        q, k, v = qkv[:, :q_cols], qkv[:, k_col:k_col + kv_cols], v_view
-        gate = None
-    else:
-        q, k, v, gate = getattr(torch.ops.vllm_ascend_ext, KV_OP_NAME)(*args, **kwargs)
-        v = v if call.v_norm else v_view
-    if not return_kv:
-        k = v = qkv.new_empty((tokens, 0))
-    return (q, k, v) + ((gate,) if call.q_gate else ())
+    args = locals()
+    return launch_cache.prepared(_KV_CACHE, args, validation.split_qkv_rmsnorm_rope_kv_cache, Prepared,
+                                 launch_cache.TOKEN_KEYS).run(args)
+
 
 
 # --- the CANN-built library -------------------------------------------------------------------
@@ -904,18 +1008,6 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     ValueError
         On a bad argument (the op's validator) or one beyond the kernel's limits, naming it.
     """
-    features = dict(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, q_gate=q_gate, v_norm=v_norm)
-    call = _validate(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-                     is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=inplace,
-                     **features)
-    kwargs = dict(is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, **features)
-    args = (q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps)
-    shape = call.shape
-    k_col, kv_cols = shape.num_q_heads * shape.q_head_stride, shape.num_kv_heads * shape.head_dim
-    v = qkv[:, k_col + kv_cols:k_col + 2 * kv_cols]
-    if call.inplace:
-        torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc_(qkv, *args, **kwargs)
-        q, k = qkv[:, :shape.num_q_heads * shape.head_dim], qkv[:, k_col:k_col + kv_cols]
-        return q, k, v
-    q, k, v_out, gate = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ascendc(qkv, *args, **kwargs)
-    return (q, k, v_out if call.v_norm else v) + ((gate,) if call.q_gate else ())
+    args = locals()
+    return launch_cache.prepared(_CACHE, args, validation.split_qkv_rmsnorm_rope, Prepared,
+                                 launch_cache.TOKEN_KEYS).run(args)

@@ -14,7 +14,10 @@ is what is measured) for:
 
 The ops: the prologue (plain, gated q, mRoPE, v-norm geometries), its in-place form, the KV-cache
 write, and the TP norm at TP 1. CPU runs go through the Triton interpreter: their figures say
-nothing of an accelerator's host path, only that the mode works.
+nothing of an accelerator's host path, only that the mode works. On the ``meta`` device
+(``--meta``) every tensor is a ``meta`` tensor: the ops validate, look up the launch cache, plan
+and allocate, and launch nothing, so the figures are the Python around the launch on this CPU
+(``torch.ops`` then redispatches to the CPU implementation: the Meta key would run the fake).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def _case(model: str, variant: str, device: torch.device):
 
     geometry = spec(model)
     ops = torch.ops.vllm_ascend_ext
+    if device.type == "meta":  # the real implementation through the dispatcher, not the fake
+        ops = _Redispatched(ops, torch._C.DispatchKeySet(torch._C.DispatchKey.CPU))
     if variant == "tp":
         args = make_inputs(geometry, 1, device)
         hd = geometry.head_dim
@@ -118,6 +123,17 @@ def _case(model: str, variant: str, device: torch.device):
             lambda: unfused_prologue(*positional, **keywords), (positional, keywords))
 
 
+class _Redispatched:
+    """``torch.ops.vllm_ascend_ext`` whose ops redispatch to the implementation of ``keys``."""
+
+    def __init__(self, ops, keys):
+        self._ops, self._keys = ops, keys
+
+    def __getattr__(self, name):
+        overload = getattr(self._ops, name).default
+        return lambda *args, **kwargs: overload.redispatch(self._keys, *args, **kwargs)
+
+
 def _compiled_delta(positional, keywords, calls: int, rounds: int, device: torch.device) -> float:
     """µs a compiled function (no CUDA graph) spends more when it calls the custom op."""
     qkv = positional[0]
@@ -138,7 +154,7 @@ def _compiled_delta(positional, keywords, calls: int, rounds: int, device: torch
 
 def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds: int = ROUNDS) -> dict:
     """Time every case on ``device``; ``{"meta": ..., "rows": [HostRow, ...]}``."""
-    calls = calls or (CALLS if device.type != "cpu" else CPU_CALLS)
+    calls = calls or (CALLS if device.type != "cpu" else CPU_CALLS)  # meta: no launch, the full loop
     rounds = rounds if device.type != "cpu" else 1
     floor_tensor = torch.zeros(16, device=device)
     add = per_call(lambda: floor_tensor.add_(1), calls, rounds, device)

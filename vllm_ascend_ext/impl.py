@@ -262,17 +262,6 @@ def _choose(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tenso
                                         shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
 
 
-class _AscendCRoute:
-    """The selector's cache entry when AscendC serves a call: the AscendC op on the arguments."""
-
-    def __init__(self, op, tokens_agree):
-        self._op = op
-        self.tokens_agree = tokens_agree
-
-    def run(self, args: dict):
-        return self._op(**args)
-
-
 #: Each routed op: its launch-cache entry's module and class under ``vllm_ascend_ext.ops``
 #: (its validator is ``validation.<op>``), and whether it writes a KV cache.
 _TRITON_ENTRIES = {"split_qkv_rmsnorm_rope": ("split_qkv_rmsnorm_rope", "Prepared", False),
@@ -300,7 +289,7 @@ def _route(op: str, args: dict):
 
             if not hasattr(ascendc, op):
                 raise RuntimeError(f"{op}: AscendC was chosen but has no implementation of this op")
-            return _AscendCRoute(getattr(ascendc, op), lambda args: True)
+            return ascendc.Prepared(call, args)  # the same call object: not validated again
         return getattr(triton_module, entry)(call, args)
 
     return triton_module.launch(_ROUTES[op], args, getattr(validation, op), make, extra=settings.impl_as_set())

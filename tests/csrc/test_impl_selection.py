@@ -479,3 +479,77 @@ def test_auto_runs_the_tp_norm_on_triton(monkeypatch):
     want = split_qkv_tp_rmsnorm_rope(**kwargs)
     got = impl.split_qkv_tp_rmsnorm_rope(**kwargs)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.fixture
+def count_validations(monkeypatch):
+    """How many times each validator ran (``{"prologue": n, "kv_cache": n}``)."""
+    from vllm_ascend_ext.ops import validation
+
+    count = {"prologue": 0, "kv_cache": 0}
+    for key, name in (("prologue", "split_qkv_rmsnorm_rope"), ("kv_cache", "split_qkv_rmsnorm_rope_kv_cache")):
+        real = getattr(validation, name)
+
+        def counting(*args, _real=real, _key=key, **kwargs):
+            count[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(validation, name, counting)
+    return count
+
+
+@pytest.mark.parametrize("entry", ["impl", "ascendc", "custom_op"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_the_ascendc_route_validates_once_per_key(monkeypatch, host_sim, count_validations, entry, inplace):
+    """Through the selector, the AscendC Python API or the custom op: one validation for many calls
+    and token counts (the route's call object reaches the AscendC op; no second or third pass),
+    the tiling of a token count derived once, each call on its own token count."""
+    from vllm_ascend_ext import ascendc, custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
+    from vllm_ascend_ext.ops import launch_cache
+
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    launch_cache.clear()
+    geometry = AttentionGeometry(2, 1, 64, 64)
+    tilings = []
+    for tokens in (3, 5, 3, 7, 5, 3):
+        kwargs = reference.make_inputs(geometry, tokens, generator=torch.Generator().manual_seed(tokens))
+        want_q, want_k, *_ = reference.split_qkv_rmsnorm_rope(**kwargs)
+        if entry == "custom_op":
+            positional = [kwargs.pop(n) for n in ("qkv", "q_weight", "k_weight", "cos_sin_cache", "positions",
+                                                 "num_q_heads", "num_kv_heads", "head_dim", "eps")]
+            op = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_ if inplace else \
+                torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope
+            out = op(*positional, **kwargs)
+            q, k = (positional[0][:, :128], positional[0][:, 128:192]) if inplace else out[:2]
+        else:
+            run = impl.split_qkv_rmsnorm_rope if entry == "impl" else ascendc.split_qkv_rmsnorm_rope
+            q, k, _ = run(**kwargs, inplace=inplace)
+        assert host_sim.tiling.numTokens == tokens
+        tilings.append(host_sim.tiling)
+        torch.testing.assert_close(q.double(), want_q, atol=0.05, rtol=0.02)
+        torch.testing.assert_close(k.double(), want_k, atol=0.05, rtol=0.02)
+    assert count_validations["prologue"] == 1
+    assert tilings[0] is tilings[2] is tilings[5] and tilings[1] is tilings[4]
+
+
+def test_the_ascendc_kv_route_validates_once_and_refuses_the_same(monkeypatch, host_sim, count_validations):
+    """The KV-cache write on AscendC: one validation for many calls; a bad call after good ones of
+    the same shapes still raises the validator's ValueError, and the kernel's limit its own."""
+    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.ops import launch_cache
+
+    monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
+    launch_cache.clear()
+    for _ in range(5):
+        impl.split_qkv_rmsnorm_rope_kv_cache(**_kv_call())
+        ascendc.split_qkv_rmsnorm_rope_kv_cache(**_kv_call())
+    assert count_validations["kv_cache"] == 2  # the selector's cache and the Python API's, once each
+    bad = _kv_call()
+    bad["slot_mapping"] = bad["slot_mapping"][:3]
+    for run in (impl.split_qkv_rmsnorm_rope_kv_cache, ascendc.split_qkv_rmsnorm_rope_kv_cache):
+        with pytest.raises(ValueError, match="slot_mapping"):
+            run(**bad)
+    with pytest.raises(ValueError, match="does not write cache_layout='hnd'"):
+        ascendc.split_qkv_rmsnorm_rope_kv_cache(**_kv_call("hnd"))
+    with pytest.raises(ValueError, match="does not write cache_layout='hnd'"):
+        ascendc.split_qkv_rmsnorm_rope_kv_cache(**_kv_call("hnd"))

@@ -109,12 +109,17 @@ def add_parser(subparsers) -> None:
                         help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
                              "directly, through torch.ops and (CUDA) inside a torch.compile'd function, beside "
                              "torch.Tensor.add_ and the unfused eager path; writes bench_host.*")
+    parser.add_argument("--meta", action="store_true",
+                        help="with --host: every tensor on the meta device (validation, launch cache, plan and "
+                             "allocation, no launch): the Python per call on this CPU, no accelerator needed")
     parser.add_argument("--no-progress", action="store_true", help="draw no progress bar")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     """Check, then measure, then print and write; exit status 1 when a check against the reference fails."""
+    if args.meta and not args.host:
+        raise CliError("--meta is a flag of --host")
     backend = usable_backend(args.backend)
     tokens, providers = resolve(backend.name, args.tokens, args.providers, args.op)
     from ..backends import ensure_interpreter
@@ -138,7 +143,7 @@ def run(args) -> int:
     if args.host:
         from ..bench_host import format_host_table, run_host, write_host_outputs
 
-        result = run_host(device)
+        result = run_host(torch.device("meta") if args.meta else device)
         text = format_host_table(result)
         print(text)
         print("wrote " + ", ".join(str(p) for p in write_host_outputs(result, out, text=text)))
