@@ -76,7 +76,7 @@ from . import custom_ops, mla_ops
 from .kv_fusion import attention_context, layer_name_of, layer_name_type_of
 
 __all__ = ["GLUE_OP_NAME", "LOG_FORMAT", "MLACounts", "MLAFusion", "MLAGeometry", "deepseek_rope",
-           "glue_op", "model_mla_geometries", "module_mla_geometry"]
+           "glue_op", "model_mla_geometries", "model_mla_layers", "module_mla_geometry"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,14 +143,20 @@ def module_mla_geometry(module: torch.nn.Module) -> MLAGeometry | None:
                        int(module.num_heads), eps, bool(rope.is_neox_style), spelling)
 
 
-def model_mla_geometries(model) -> tuple[MLAGeometry, ...]:
-    """Distinct MLA geometries of ``model``'s layers, in first-seen order."""
-    seen: dict[MLAGeometry, None] = {}
+def model_mla_layers(model) -> dict[MLAGeometry, list[torch.nn.Module]]:
+    """``model``'s MLA modules (``MultiHeadLatentAttentionWrapper``) that the step fuses, by
+    geometry, geometries in first-seen order."""
+    layers: dict[MLAGeometry, list[torch.nn.Module]] = {}
     for module in model.modules():
         geo = module_mla_geometry(module)
         if geo is not None:
-            seen.setdefault(geo, None)
-    return tuple(seen)
+            layers.setdefault(geo, []).append(module)
+    return layers
+
+
+def model_mla_geometries(model) -> tuple[MLAGeometry, ...]:
+    """Distinct MLA geometries of ``model``'s layers, in first-seen order."""
+    return tuple(model_mla_layers(model))
 
 
 # --------------------------------------------------------------------------------------------
