@@ -304,8 +304,10 @@ def after_load_model(worker, state: WorkerState) -> None:
         return
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
     geometries = model_geometries(model)
-    from .mla_fusion import model_mla_layers
+    from .mla_fusion import model_mla_layers, model_mla_skipped
 
+    for reason, n in sorted(model_mla_skipped(model).items()):
+        logger.info("vllm_ascend_ext: %d MLA layer%s not fused: %s", n, "" if n == 1 else "s", reason)
     start = time.perf_counter()
     settle_geometries(state, geometries, dtype)
     settle_mla_geometries(state, model_mla_layers(model), dtype)

@@ -641,6 +641,20 @@ def test_mla_warm_up_runs_both_launches_and_digests_their_plans(fallback, hook_l
     assert state.digest != gqa_only  # the MLA plans are part of it
 
 
+def test_mla_layer_with_fuse_qkv_rmsnorm_is_skipped_and_said(fallback, hook_log):
+    # GLM-5-Next's spelling (docs/vllm-integration.md, MLA): not fused, one INFO line with the reason.
+    fallback.fail = lambda hq, q_weight: False
+    glm = _MLALayer("b")
+    glm.fuse_qkv_rmsnorm = True
+    model = torch.nn.Sequential(_MLALayer("a"), glm, _MLALayer("c", 0))
+    assert mla_fusion.mla_skip_reason(glm) == mla_fusion.FUSED_QKV_RMSNORM_REASON
+    assert mla_fusion.model_mla_skipped(model) == {mla_fusion.FUSED_QKV_RMSNORM_REASON: 1}
+    state = _load(model)
+    assert state.mla_geometries == [MLA_Q, MLA_NO_Q] and not state.mla_unfused
+    lines = [r.getMessage() for r in hook_log.records if r.levelno == logging.INFO]
+    assert f"vllm_ascend_ext: 1 MLA layer not fused: {mla_fusion.FUSED_QKV_RMSNORM_REASON}" in lines
+
+
 # ---- our variables as vLLM sees them --------------------------------------------------------
 
 OUR_VLLM_NAMES = [name for name in settings.names() if name.startswith("VLLM_")]
