@@ -81,6 +81,9 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         packages=[
             "vllm_ascend_ext",
             "vllm_ascend_ext.cli",
+            "vllm_ascend_ext.hook",
+            "vllm_ascend_ext.kernels",
+            "vllm_ascend_ext.passes",
             "vllm_ascend_ext.ops",
             "vllm_ascend_ext.ops.tiling",
         ],

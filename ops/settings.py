@@ -133,8 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
             "CUDA, compute capability 9.0 and later: the op's kernel is launched with programmatic "
             "dependent launch (it waits for the kernel before it, whose end its launch overlaps); off: "
             "plain launches"),
-    Setting(ASCENDC_LIB, "path to a shared library", "`libvllm_ascend_ext_ascendc.so` next to "
-            "`vllm_ascend_ext/ascendc.py`", "the CANN-built AscendC library to load"),
+    Setting(ASCENDC_LIB, "path to a shared library", "`libvllm_ascend_ext_ascendc.so` in the "
+            "installed `vllm_ascend_ext/` package", "the CANN-built AscendC library to load"),
     Setting(BUILD_ASCENDC, "boolean", "unset: build when `ASCEND_HOME_PATH` is set",
             "`setup.py`: on forces the AscendC build (fails without CANN), off skips it"),
     Setting(MSPROF_SCRIPT, "path to a script", "`scripts/profile_msprof.sh` of the checkout",

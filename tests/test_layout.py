@@ -85,7 +85,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_and_no_private_import():
     modules = _modules()
-    assert "vllm_ascend_ext.ops.validation" in modules and "vllm_ascend_ext.impl" in modules
+    assert "vllm_ascend_ext.ops.validation" in modules and "vllm_ascend_ext.kernels.impl" in modules
     graph, private = {}, []
     for name, path in modules.items():
         graph[name], taken = _imports(name, path, modules)

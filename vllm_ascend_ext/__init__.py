@@ -16,6 +16,6 @@ def register() -> None:
     and a value of it that is not a boolean raises a ``ValueError`` naming it (vLLM then stops).
     See ``docs/vllm-integration.md``.
     """
-    from .vllm_integration import register as _register
+    from .hook.vllm_integration import register as _register
 
     _register()

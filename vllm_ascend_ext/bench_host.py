@@ -82,7 +82,7 @@ def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
 
 def _case(model: str, variant: str, device: torch.device):
     """The direct call, the custom-op call and the unfused eager call of one case (callables)."""
-    from . import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
+    from .kernels import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
     from .bench import make_inputs, unfused_prologue
     from .ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
                       split_qkv_tp_rmsnorm_rope)

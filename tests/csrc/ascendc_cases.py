@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from vllm_ascend_ext import ascendc
+from vllm_ascend_ext.kernels import ascendc
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry
 from vllm_ascend_ext.ops.tiling import KernelShape

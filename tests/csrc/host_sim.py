@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vllm_ascend_ext import ascendc
-from vllm_ascend_ext.ascendc import Tiling
+from vllm_ascend_ext.kernels import ascendc
+from vllm_ascend_ext.kernels.ascendc import Tiling
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "csrc" / "ascendc_host_sim"
@@ -198,7 +198,7 @@ def register_cpu_launch(launch, kv_launch) -> None:
 
     ``launch(qkv, q, k, v, gate, cache, positions, q_weight, k_weight, q_bias, k_bias, block_dim,
     tiling)`` is :meth:`HostSim.launch`, ``kv_launch`` :meth:`HostSim.launch_kv`; the
-    implementations are :func:`vllm_ascend_ext.ascendc.make_impl`'s and ``make_kv_impl``'s, the
+    implementations are :func:`vllm_ascend_ext.kernels.ascendc.make_impl`'s and ``make_kv_impl``'s, the
     ones the NPU library is registered with.
     """
     _cpu_launch[:] = [launch, kv_launch]

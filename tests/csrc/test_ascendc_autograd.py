@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ascend_ext import ascendc, custom_ops, impl
+from vllm_ascend_ext.kernels import ascendc, custom_ops, impl
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry
 

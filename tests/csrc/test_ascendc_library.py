@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend_ext import ascendc
+from vllm_ascend_ext.kernels import ascendc
 
 ENV = "VLLM_ASCEND_EXT_ASCENDC_LIB"
 TORCH_SHARED_OBJECT = Path(torch.__file__).resolve().parent / "lib" / "libc10.so"

@@ -1,4 +1,4 @@
-"""VLLM_ASCEND_EXT_IMPL and the Triton/AscendC choice (vllm_ascend_ext.impl)."""
+"""VLLM_ASCEND_EXT_IMPL and the Triton/AscendC choice (vllm_ascend_ext.kernels.impl)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from vllm_ascend_ext import impl
+from vllm_ascend_ext.kernels import impl
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -89,7 +89,7 @@ def test_forced_ascendc_without_the_library_on_npu(monkeypatch, library, match):
         monkeypatch.delenv("VLLM_ASCEND_EXT_ASCENDC_LIB", raising=False)
     else:
         monkeypatch.setenv("VLLM_ASCEND_EXT_ASCENDC_LIB", library)
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     ascendc.load_npu_library.cache_clear()
     try:
@@ -193,7 +193,7 @@ def _key(kwargs: dict) -> tuple:
 
 
 def test_ascendc_serves_each_variant_and_names_any_other():
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     for name in ("mrope", "q_gate", "v_norm", "q_only"):
         assert ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset({name})) is None
@@ -220,7 +220,7 @@ def test_forced_ascendc_names_an_unserved_variant(monkeypatch, host_sim):
 def test_a_call_of_an_unserved_variant_raises_naming_it(monkeypatch, host_sim, unserved, geometry, named):
     """Were the kernel not to serve a variant, a forced call of it says which, before anything runs
     (the refusal path of every variant, through the selector and the AscendC op's own check)."""
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     monkeypatch.setattr(ascendc, "SERVED_FEATURES", ascendc.SERVED_FEATURES - {unserved})
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
@@ -328,7 +328,7 @@ def _ulp_close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def test_ascendc_serves_the_kv_cache_write_and_names_the_rest():
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     assert "kv_cache" in ascendc.SERVED_FEATURES and ascendc.KV_LAYOUTS == ("nhd", "nz")
     for layout, dtype, per_channel in (("nhd", torch.bfloat16, False), ("nz", torch.bfloat16, False),
@@ -461,7 +461,7 @@ def _tp_call() -> dict:
 
 def test_ascendc_names_the_tp_norm_it_does_not_serve(monkeypatch):
     """Forced AscendC: the norm across TP ranks is refused naming ``tp_norm``, before anything runs."""
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     assert "tp_norm" not in ascendc.SERVED_FEATURES
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
@@ -504,7 +504,7 @@ def test_the_ascendc_route_validates_once_per_key(monkeypatch, host_sim, count_v
     """Through the selector, the AscendC Python API or the custom op: one validation for many calls
     and token counts (the route's call object reaches the AscendC op; no second or third pass),
     the tiling of a token count derived once, each call on its own token count."""
-    from vllm_ascend_ext import ascendc, custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
+    from vllm_ascend_ext.kernels import ascendc, custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
     from vllm_ascend_ext.ops import launch_cache
 
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
@@ -535,7 +535,7 @@ def test_the_ascendc_route_validates_once_per_key(monkeypatch, host_sim, count_v
 def test_the_ascendc_kv_route_validates_once_and_refuses_the_same(monkeypatch, host_sim, count_validations):
     """The KV-cache write on AscendC: one validation for many calls; a bad call after good ones of
     the same shapes still raises the validator's ValueError, and the kernel's limit its own."""
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
     from vllm_ascend_ext.ops import launch_cache
 
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")

@@ -18,7 +18,7 @@ import torch
 
 from ascendc_cases import MAX_POSITION, Case, assert_close, make_inputs
 from host_sim import SimViolation, byte_mask, poison_new_outputs
-from vllm_ascend_ext import ascendc
+from vllm_ascend_ext.kernels import ascendc
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.device import ascend_facts
 from vllm_ascend_ext.ops.models import AttentionGeometry

@@ -27,7 +27,7 @@ import torch
 
 from ascendc_cases import Case, assert_close, make_inputs
 from host_sim import byte_mask, poison_new_outputs
-from vllm_ascend_ext import ascendc, custom_ops, impl
+from vllm_ascend_ext.kernels import ascendc, custom_ops, impl
 from vllm_ascend_ext.ops import reference, validation
 from vllm_ascend_ext.ops.tiling import KernelShape
 

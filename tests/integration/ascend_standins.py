@@ -24,7 +24,7 @@ they are, ``vllm_ascend_ext_standin``, with plain PyTorch CPU bodies written fro
 documented semantics (RMSNorm returning ``(y, rstd)``; RoPE NeoX/GPT-J over the first
 ``rotary_dim`` dims; ``npu_mrope``'s contiguous sections; the fused op's split, norm and mRoPE).
 They exist only so that tests can build graphs in vllm-ascend's form and check that the fusion
-pass (:class:`vllm_ascend_ext.fusion.AscendOps`) rewrites them, or leaves the fused op alone.
+pass (:class:`vllm_ascend_ext.passes.fusion.AscendOps`) rewrites them, or leaves the fused op alone.
 Test-only, so it lives under ``tests/integration/`` and is not part of the installed package.
 """
 
@@ -187,8 +187,8 @@ triton_split_qkv_rmsnorm_mrope = _ns.triton_split_qkv_rmsnorm_mrope.default
 
 
 def ascend_ops():
-    """The stand-ins as the pass's one seam takes vllm-ascend's ops (:class:`vllm_ascend_ext.fusion.AscendOps`)."""
-    from vllm_ascend_ext.fusion import AscendOps
+    """The stand-ins as the pass's seam takes vllm-ascend's ops (:class:`~vllm_ascend_ext.passes.fusion.AscendOps`)."""
+    from vllm_ascend_ext.passes.fusion import AscendOps
 
     return AscendOps(rms_norm=npu_rms_norm, gemma_rms_norm=npu_gemma_rms_norm,
                      rotary_embedding=npu_rotary_embedding, mrope=npu_mrope,

@@ -394,9 +394,9 @@ def real_vllm_check(names, dtype: torch.dtype, torch_wrap: bool = False) -> list
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
 
-    from vllm_ascend_ext import custom_ops
-    from vllm_ascend_ext.fusion import QKNormRoPEFusionPass
-    from vllm_ascend_ext.geometry import module_geometry
+    from vllm_ascend_ext.kernels import custom_ops
+    from vllm_ascend_ext.passes.fusion import QKNormRoPEFusionPass
+    from vllm_ascend_ext.hook.geometry import module_geometry
 
     torch._inductor.config.force_disable_caches = True
     vllm.ir.set_default_torch_wrap(torch_wrap)

@@ -235,7 +235,7 @@ def _count_fused_calls() -> dict:
     ``impl.split_qkv_rmsnorm_rope_kv_cache`` up on every call). A variant is the label of the call's
     geometry (``ops.models.AttentionGeometry.label``: heads, head size, rotary dims, norm
     offset, ``gate``, ``vnorm``, ``mrope-i:t,h,w`` when positions are ``[3, T]``)."""
-    from vllm_ascend_ext import impl
+    from vllm_ascend_ext.kernels import impl
     from vllm_ascend_ext.ops import validation
     from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -284,13 +284,13 @@ def _count_mla_calls() -> dict:
 
 def _record_mla_compile_keys() -> dict:
     """Record the MLA kernel's compile keys (:mod:`launch_keys`): ``warm_up``, those bound in the
-    worker hook's :func:`vllm_ascend_ext.vllm_integration.mla_warm_up`; ``all``, every one bound in
+    worker hook's :func:`vllm_ascend_ext.hook.vllm_integration.mla_warm_up`; ``all``, every one bound in
     the process (the warm-up's, vLLM's profile and warm-up runs, generation). A key in ``all`` but
     not in ``warm_up`` is a kernel the warm-up did not compile."""
     import importlib
 
     from tests.integration import launch_keys
-    from vllm_ascend_ext import vllm_integration
+    from vllm_ascend_ext.hook import vllm_integration
 
     keys: dict = {"warm_up": [], "all": []}
     module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla")
@@ -311,7 +311,8 @@ def _fail_warm_up(num_q_heads: int) -> None:
     and the model's own calls are untouched). Test-only."""
     from unittest import mock
 
-    from vllm_ascend_ext import custom_ops, vllm_integration
+    from vllm_ascend_ext.kernels import custom_ops
+    from vllm_ascend_ext.hook import vllm_integration
 
     original_warm_up = vllm_integration.warm_up
 

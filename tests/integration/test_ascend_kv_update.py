@@ -1,4 +1,4 @@
-"""vllm-ascend's opt-in cache update (``vllm_ascend_ext.ascend_kv_update``), with stand-ins.
+"""vllm-ascend's opt-in cache update (``vllm_ascend_ext.hook.ascend_kv_update``), with stand-ins.
 
 vllm-ascend cannot be imported here (torch_npu / CANN), so its pieces are stand-ins of the same
 class, method and argument names, written from ``vllm_ascend/attention/attention_v1.py`` and
@@ -17,7 +17,7 @@ non-decoder and overriding (C8) impls, ``do_kv_cache_update`` still writes; the 
 gets each layer's slot mapping, padded with -1 to ``num_tokens`` in a buffer whose address does not
 change between steps; refused engines keep everything with the reason logged; idempotent, one INFO
 line; the seam finds the modules in ``sys.modules``; the per-layer layout (ND -> nhd, 310P fp16 NZ
--> nz, C8 and the rest refused), also through ``vllm_integration.kv_cache_layout``; and at graph
+-> nz, C8 and the rest refused), also through ``hook.steps.kv_cache_layout``; and at graph
 level, the pass folds a stand-in ``unified_kv_cache_update`` that calls the stand-in impl's
 ``do_kv_cache_update`` into the glue op with ``cache_layout="nhd"``: outputs and both ND caches
 equal the eager module's.
@@ -34,8 +34,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_ascend_ext import ascend_kv_update, kv_fusion
-from vllm_ascend_ext.ascend_kv_update import AscendAttention
+from vllm_ascend_ext.hook import ascend_kv_update
+from vllm_ascend_ext.passes import kv_fusion
+from vllm_ascend_ext.hook.ascend_kv_update import AscendAttention
 from vllm_ascend_ext.ops import settings
 
 ATTN = ascend_kv_update.ATTENTION_MODULE
@@ -374,7 +375,7 @@ def test_layout_per_layer(modules, on):
 
 
 def test_kv_cache_layout_routes_ascend_layers(modules, on):
-    from vllm_ascend_ext.vllm_integration import kv_cache_layout
+    from vllm_ascend_ext.hook.vllm_integration import kv_cache_layout
 
     attention, _, mods = modules
     ascend_kv_update.switch(_config(), mods)
@@ -404,8 +405,8 @@ def test_glue_op_resolves_ascend_caches():
 def test_pass_fuses_the_ascend_update_with_nhd(modules, on, monkeypatch):
     import test_kv_fusion as kvt  # the stand-in layer-name type and the prologue module
 
-    from vllm_ascend_ext.fusion import QKNormRoPEFusionPass
-    from vllm_ascend_ext.kv_fusion import KVCacheFusion
+    from vllm_ascend_ext.passes.fusion import QKNormRoPEFusionPass
+    from vllm_ascend_ext.passes.kv_fusion import KVCacheFusion
 
     attention, _, mods = modules
     ascend_kv_update.switch(_config(), mods)

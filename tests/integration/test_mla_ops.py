@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from vllm_ascend_ext import custom_ops, mla_ops
+from vllm_ascend_ext.kernels import custom_ops, mla_ops
 from vllm_ascend_ext.ops import mla_q_rope_, reference, split_qkv_rmsnorm_rope_mla
 
 LQ, LKV, R, H, NOPE, T = 24, 16, 8, 3, 8, 5

@@ -1,6 +1,6 @@
 """The q/k norm across heads and TP ranks (MiniMax-M2, issue 12) on the vLLM side: the custom op
 ``vllm_ascend_ext::split_qkv_tp_rmsnorm_rope`` and the fusion pass's TP step
-(:mod:`vllm_ascend_ext.tp_fusion`), independent of vLLM.
+(:mod:`vllm_ascend_ext.passes.tp_fusion`), independent of vLLM.
 
 MiniMax-M2's attention prologue is written here as vLLM 0.32 writes it
 (``MiniMaxText01RMSNormTP.forward_qkv``: the TP = 1 plain-torch norm, or at TP > 1 the opaque
@@ -25,8 +25,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vllm_ascend_ext import custom_ops, fusion, tp_fusion
-from vllm_ascend_ext.fusion import LOG_FORMAT, AscendOps, QKNormRoPEFusionPass
+from vllm_ascend_ext.kernels import custom_ops
+from vllm_ascend_ext.passes import fusion, tp_fusion
+from vllm_ascend_ext.passes.fusion import LOG_FORMAT, AscendOps, QKNormRoPEFusionPass
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -408,7 +409,7 @@ def _minimax_attention(q_weight_len: int, norm_name: str = "MiniMaxText01RMSNorm
 
 
 def test_module_geometry_reads_the_norm_across_heads():
-    from vllm_ascend_ext.geometry import module_geometry
+    from vllm_ascend_ext.hook.geometry import module_geometry
 
     assert module_geometry(_minimax_attention(128)) == FULL
     assert module_geometry(_minimax_attention(128, norm_name="RMSNorm")) == FULL  # by its weight's length
@@ -416,7 +417,7 @@ def test_module_geometry_reads_the_norm_across_heads():
 
 
 def test_warm_up_runs_the_tp_op_at_tp1(monkeypatch):
-    from vllm_ascend_ext import vllm_integration as vi
+    from vllm_ascend_ext.hook import vllm_integration as vi
 
     calls = []
     real = custom_ops.tp_norm_op()
@@ -445,7 +446,7 @@ def _real_rank_main(rank: int, world: int, port: int) -> None:
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
 
     from prologues import StubAttention
-    from vllm_ascend_ext.geometry import module_geometry
+    from vllm_ascend_ext.hook.geometry import module_geometry
 
     torch._inductor.config.force_disable_caches = True
     minimax = importlib.import_module("vllm.model_executor.models.minimax_m2")

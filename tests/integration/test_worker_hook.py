@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend_ext import custom_ops, impl, mla_fusion, mla_ops
-from vllm_ascend_ext import vllm_integration as vi
-from vllm_ascend_ext.geometry import model_geometries, module_geometry
+from vllm_ascend_ext.kernels import custom_ops, impl, mla_ops
+from vllm_ascend_ext.passes import mla_fusion
+from vllm_ascend_ext.hook import vllm_integration as vi
+from vllm_ascend_ext.hook import warmup as wu
+from vllm_ascend_ext.hook.geometry import model_geometries, module_geometry
 from vllm_ascend_ext.ops import settings
 from vllm_ascend_ext.ops.models import AttentionGeometry
 
@@ -41,7 +43,7 @@ import os, sys, torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed.parallel_state import init_distributed_environment, ensure_model_parallel_initialized
-from vllm_ascend_ext import vllm_integration as vi
+from vllm_ascend_ext.hook import vllm_integration as vi
 from vllm_ascend_ext.ops.models import AttentionGeometry
 rank, port = int(sys.argv[1]), sys.argv[2]
 with set_current_vllm_config(VllmConfig()):
@@ -108,7 +110,7 @@ def test_two_ranks_disagree_raise_on_both():
 def test_warm_up_runs_each_digested_plan(monkeypatch, backend):
     import torch
 
-    from vllm_ascend_ext import custom_ops
+    from vllm_ascend_ext.kernels import custom_ops
     from vllm_ascend_ext.ops import tiling
 
     calls = []
@@ -197,7 +199,7 @@ class _Norm(torch.nn.Module):
 
 
 class _Layer(torch.nn.Module):
-    """An attention layer as :mod:`vllm_ascend_ext.geometry` reads one: ``hq``/2/32."""
+    """An attention layer as :mod:`vllm_ascend_ext.hook.geometry` reads one: ``hq``/2/32."""
 
     def __init__(self, hq, norm=True):
         super().__init__()
@@ -378,7 +380,7 @@ def hook_log():
 @pytest.fixture
 def fallback(monkeypatch):
     """Stub the op (raising where ``fail(hq, q_weight)`` says so), record what the hook tells
-    :mod:`vllm_ascend_ext.impl`, and let a test say whether AscendC can serve."""
+    :mod:`vllm_ascend_ext.kernels.impl`, and let a test say whether AscendC can serve."""
     seen = types.SimpleNamespace(recorded=[], asked=[], calls=[], ascendc_reason="no AscendC here",
                                  fail=lambda hq, q_weight: hq == 2)
 
@@ -492,7 +494,7 @@ def test_a_bad_setting_is_not_taken_for_a_compile_failure(fallback):
 
 def test_pass_counts_the_unfused_geometries(fallback):
     # What install_pass hands the compiler: fuse state.geometries, count the unfused ones too.
-    from vllm_ascend_ext.fusion import QKNormRoPEFusionPass
+    from vllm_ascend_ext.passes.fusion import QKNormRoPEFusionPass
 
     state = _load(torch.nn.Sequential(_Layer(4), _Layer(2)))
     pass_ = QKNormRoPEFusionPass(lambda: state.geometries, counted=lambda: [*state.geometries, *state.unfused])
@@ -519,7 +521,7 @@ class _MLAAttn(torch.nn.Module):
 
 
 class _MLALayer(torch.nn.Module):
-    """A ``MultiHeadLatentAttentionWrapper`` as :func:`vllm_ascend_ext.mla_fusion.module_mla_geometry`
+    """A ``MultiHeadLatentAttentionWrapper`` as :func:`vllm_ascend_ext.passes.mla_fusion.module_mla_geometry`
     reads one: q latent ``lq`` (0: none), kv latent 16, rope 8, 2 heads of 8 + 8 lanes."""
 
     def __init__(self, name, lq=24):
@@ -545,7 +547,7 @@ def test_mla_warm_up_compiles_the_cache_write_where_the_pass_fuses_it():
     assert list(layers) == [MLA_Q, MLA_NO_Q] and [len(v) for v in layers.values()] == [2, 1]
     layout = {"a": (False, "not verified"), "b": (True, ""), "c": (False, "not verified")}.get
     cases = vi.mla_warm_up_cases(_mla_state(layout, 16), layers, torch.bfloat16)
-    assert cases == [vi.MLAWarmUp(MLA_Q, torch.float32, 16), vi.MLAWarmUp(MLA_NO_Q, torch.float32, None)]
+    assert cases == [wu.MLAWarmUp(MLA_Q, torch.float32, 16), wu.MLAWarmUp(MLA_NO_Q, torch.float32, None)]
     # the cache-write step off (no layout): no cache write compiled
     assert [c.block_size for c in vi.mla_warm_up_cases(_mla_state(None, 16), layers, torch.bfloat16)] == [None] * 2
 
@@ -588,7 +590,7 @@ def test_mla_warm_up_compiles_what_the_pass_calls(geo, monkeypatch):
     for block_size, covered in ((16, True), (None, False)):
         launch_cache.clear()
         with record([]) as warmed:
-            assert vi.mla_warm_up(CPU, [vi.MLAWarmUp(geo, torch.float32, block_size)], dtype) == {}
+            assert vi.mla_warm_up(CPU, [wu.MLAWarmUp(geo, torch.float32, block_size)], dtype) == {}
         launch_cache.clear()
         with record([]) as called:
             _glue_calls(geo, dtype, 16, monkeypatch)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ascend_ext import custom_ops
+from vllm_ascend_ext.kernels import custom_ops
 from vllm_ascend_ext.ops import reference, split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import AttentionGeometry
 

@@ -243,12 +243,12 @@ def _facts_checks(backend: Backend) -> list[Check]:
 
 
 def _ascendc_check(backend: Backend) -> Check:
-    """Whether the AscendC fallback (csrc/) is built, as ``vllm_ascend_ext.ascendc.library_status()`` says.
+    """Whether the AscendC fallback (csrc/) is built, as ``vllm_ascend_ext.kernels.ascendc.library_status()`` says.
 
     A library named by ``VLLM_ASCEND_EXT_ASCENDC_LIB`` that does not exist or is not a shared
     library is ``!!`` with that variable named; an absent one is ``--`` on an NPU.
     """
-    from .. import ascendc
+    from ..kernels import ascendc
     from ..ops import settings
 
     path, problem = ascendc.library_status()
@@ -257,8 +257,8 @@ def _ascendc_check(backend: Backend) -> Check:
              f"or point {settings.ASCENDC_LIB} at a built {ascendc.LIBRARY_NAME}; the Triton op is used meanwhile")
     if path is None:
         status = MISSING if backend.name == "npu" else INFO
-        return Check(status, "AscendC fallback", f"not built (no {ascendc.LIBRARY_NAME} next to "
-                     f"vllm_ascend_ext/ascendc.py, {settings.ASCENDC_LIB} unset)" + _needed_for_npu(backend), build)
+        return Check(status, "AscendC fallback", f"not built (no {ascendc.LIBRARY_NAME} in the "
+                     f"vllm_ascend_ext package, {settings.ASCENDC_LIB} unset)" + _needed_for_npu(backend), build)
     source = f" ({settings.ASCENDC_LIB})" if named else ""
     if problem is None:
         return Check(OK, "AscendC fallback", f"built: {path}{source}")
@@ -268,7 +268,7 @@ def _ascendc_check(backend: Backend) -> Check:
 
 
 def _impl_check(backend: Backend) -> Check:
-    """Which implementation (Triton or AscendC) ``vllm_ascend_ext.impl`` picks for a typical call.
+    """Which implementation (Triton or AscendC) ``vllm_ascend_ext.kernels.impl`` picks for a typical call.
 
     Asked for a bf16 call with head_dim 128 on the backend's device, with the Triton interpreter
     on for the CPU backend (as ``bench`` runs it; the environment is restored afterwards).
@@ -283,7 +283,7 @@ def _impl_check(backend: Backend) -> Check:
         with mock.patch.dict(os.environ, interpreter):
             import torch
 
-            from .. import impl
+            from ..kernels import impl
 
             choice = impl.choose_impl(torch.device(backend.device), dtype=torch.bfloat16, head_dim=128)
     except Exception as exc:  # noqa: BLE001 - any failure here means no implementation serves the call

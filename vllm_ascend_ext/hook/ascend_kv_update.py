@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops import settings
+from ..ops import settings
 
 __all__ = [
     "ATTENTION_MODULE",

@@ -23,9 +23,9 @@ pattern takes it, and ``tp_world``, as pattern arguments (the matcher's ``scalar
 so one pattern serves every rank and TP size; ``tp_world`` becomes the op's ``tp_size``. Both
 spellings are replaced by ``torch.ops.vllm_ascend_ext.split_qkv_tp_rmsnorm_rope`` (``tp_size``
 1 or ``tp_world``; its real implementation sums the partial sums over vLLM's TP group, see
-:func:`vllm_ascend_ext.custom_ops.tp_all_reduce`); ``v`` stays qkv's slice. The RoPE is the
-fusion pass's ``native`` form (:data:`vllm_ascend_ext.fusion.NATIVE_ROPE`), traced the way that
-pass traces its patterns (:func:`vllm_ascend_ext.forms.trace`), one pattern per geometry
+:func:`vllm_ascend_ext.kernels.custom_ops.tp_all_reduce`); ``v`` stays qkv's slice. The RoPE is the
+fusion pass's ``native`` form (:data:`vllm_ascend_ext.passes.fusion.NATIVE_ROPE`), traced the way that
+pass traces its patterns (:func:`vllm_ascend_ext.passes.forms.trace`), one pattern per geometry
 (:class:`~vllm_ascend_ext.ops.models.AttentionGeometry` with ``qk_norm_across_heads``: the
 rank's head counts, D, R, eps, style) and activation dtype. Literal arguments (split sizes,
 ``Hq*D``/``Hkv*D``, eps) are checked exactly when a candidate is found, as in the fusion pass.
@@ -34,7 +34,7 @@ Not matched: vLLM's CUDA Lamport path passes a workspace tensor instead of ``Non
 one-kernel fused all-reduce + norm, T <= 2048; left to vLLM). vllm-ascend replaces
 ``MiniMaxM2Attention.forward`` with a model patch that calls its own
 ``torch.ops.vllm.split_qkv_tp_rmsnorm_rope``: that op is left alone and counted in the pass's
-log line as already fused (:func:`vllm_ascend_ext.fusion.ascend_ops`).
+log line as already fused (:func:`vllm_ascend_ext.passes.fusion.ascend_ops`).
 
 Imports nothing from vLLM.
 """
@@ -46,8 +46,8 @@ import logging
 import torch
 import torch._inductor.pattern_matcher as pm
 
-from . import custom_ops
-from .ops.models import AttentionGeometry
+from ..kernels import custom_ops
+from ..ops.models import AttentionGeometry
 
 __all__ = ["TP_FORMAT", "TPNormFusion", "minimax_forward_qk", "minimax_qk_norm_op"]
 
@@ -141,7 +141,7 @@ def _example_inputs(geo: AttentionGeometry, dtype: torch.dtype) -> list[torch.Te
 
 
 class TPNormFusion:
-    """The step of :class:`~vllm_ascend_ext.fusion.QKNormRoPEFusionPass` that fuses MiniMax-M2's
+    """The step of :class:`~vllm_ascend_ext.passes.fusion.QKNormRoPEFusionPass` that fuses MiniMax-M2's
     q/k norm across heads (both spellings, see the module docstring) with its RoPE.
 
     Parameters

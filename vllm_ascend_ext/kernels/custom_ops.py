@@ -63,14 +63,14 @@ that the mutation semantics are explicit:
 
 The argument list is spelled once, :data:`ARGS_SCHEMA`, from pieces the KV-cache op's schema
 reuses; :func:`schemas` builds both schemas of
-an op name from it (the AscendC ops of :mod:`vllm_ascend_ext.ascendc` use it too).
+an op name from it (the AscendC ops of :mod:`vllm_ascend_ext.kernels.ascendc` use it too).
 
 Every op has a fake implementation, so they trace under ``torch.compile`` and FakeTensorMode;
 it runs the op's one validator (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope`,
 through :func:`validate_fake` for symbolic sizes) first, so a call the real op rejects is
 rejected while tracing too, with the same ``ValueError`` naming the argument (the KV-cache
 op: :func:`validate_kv_cache_fake`). The real implementations, for the CPU, CUDA and
-PrivateUse1 (Ascend NPU) dispatch keys, call :func:`vllm_ascend_ext.impl.split_qkv_rmsnorm_rope`
+PrivateUse1 (Ascend NPU) dispatch keys, call :func:`vllm_ascend_ext.kernels.impl.split_qkv_rmsnorm_rope`
 (or ``..._kv_cache``): the Triton op or the AscendC kernel, as ``VLLM_ASCEND_EXT_IMPL`` selects
 (the cache write too: AscendC serves ``nhd``/``nz`` caches of qkv's dtype or int8). Nothing here
 synchronises the host with the device.
@@ -85,13 +85,13 @@ import sys
 import torch
 
 from . import impl
-from .ops import validation
+from ..ops import validation
 from .schema import (ARGS_SCHEMA, DISPATCH_KEYS, FEATURES, FUNCTIONAL_SCHEMA, INPLACE_OP_NAME, INPLACE_SCHEMA,
                      KV_CACHE_OP_NAME, KV_CACHE_SCHEMA, NAMESPACE, ONE_TENSOR_LAYOUTS, OP_NAME, TP_NORM_OP_NAME,
                      TP_NORM_SCHEMA, fake_outputs, schemas, traced_example, validate_fake, validate_kv_cache_fake,
                      value_cache_of)
 
-# The schema and fake-side names are re-exported (vllm_ascend_ext.schema holds them).
+# The schema and fake-side names are re-exported (vllm_ascend_ext.kernels.schema holds them).
 __all__ = [
     "ARGS_SCHEMA",
     "FEATURES",

@@ -1,16 +1,16 @@
 """The custom ops' schemas and fake-side validation, spelled once (leaf: no implementation here).
 
-:mod:`vllm_ascend_ext.custom_ops` registers the ops with these schemas and
-:mod:`vllm_ascend_ext.ascendc` its AscendC twins; both validate fake (traced) calls with
+:mod:`vllm_ascend_ext.kernels.custom_ops` registers the ops with these schemas and
+:mod:`vllm_ascend_ext.kernels.ascendc` its AscendC twins; both validate fake (traced) calls with
 :func:`validate_fake` / :func:`validate_kv_cache_fake` and size fake outputs with
-:func:`fake_outputs`. The schemas themselves are documented in :mod:`vllm_ascend_ext.custom_ops`.
+:func:`fake_outputs`. The schemas themselves are documented in :mod:`vllm_ascend_ext.kernels.custom_ops`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .ops import validation
+from ..ops import validation
 
 __all__ = ["ARGS_SCHEMA", "DISPATCH_KEYS", "FEATURES", "FUNCTIONAL_SCHEMA", "INPLACE_OP_NAME", "INPLACE_SCHEMA",
            "KV_CACHE_OP_NAME", "KV_CACHE_SCHEMA", "NAMESPACE", "ONE_TENSOR_LAYOUTS", "OP_NAME", "TP_NORM_OP_NAME",

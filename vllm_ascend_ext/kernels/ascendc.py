@@ -13,7 +13,7 @@ bytes, exactly the buffers the kernel's ``TPipe::InitBuffer`` calls allocate, an
 packs the :class:`Tiling` struct (a ctypes mirror of ``split_qkv_rmsnorm_rope_tiling.h``) that
 every vector core reads.
 
-Torch ops (namespace ``vllm_ascend_ext``; schemas from :func:`vllm_ascend_ext.schema.schemas`,
+Torch ops (namespace ``vllm_ascend_ext``; schemas from :func:`vllm_ascend_ext.kernels.schema.schemas`,
 the one spelling of the argument list):
 
 * ``split_qkv_rmsnorm_rope_ascendc(qkv, q_weight, k_weight, cos_sin_cache, positions,
@@ -57,8 +57,8 @@ from pathlib import Path
 import torch
 
 from . import schema
-from .ops import launch_cache, settings, validation
-from .ops.tiling import PlanBase
+from ..ops import launch_cache, settings, validation
+from ..ops.tiling import PlanBase
 
 __all__ = [
     "AscendCPlan",
@@ -458,7 +458,7 @@ def _kv_fields(kv: validation.KVCacheWrite | None, key_cache, value_cache, slot_
     ``ops/kv_cache.py`` descriptors, never re-derived here); zeros without the cache write."""
     if kv is None:
         return 0, {}
-    from .ops import kv_cache as kv_layouts
+    from ..ops import kv_cache as kv_layouts
 
     ks, vs = kv.key_strides, kv.value_strides
     flags = FLAG_KV_CACHE | (FLAG_KV_NZ if ks.chunk_width else 0) | (FLAG_KV_OUT if kv.return_kv else 0)
@@ -733,7 +733,7 @@ def make_impl(launch, inplace: bool):
     -------
     callable
         The implementation, with the op's schema as its signature (the variants' keyword
-        arguments :data:`vllm_ascend_ext.schema.FEATURES` included), to register with
+        arguments :data:`vllm_ascend_ext.kernels.schema.FEATURES` included), to register with
         ``torch.library.Library.impl`` under :data:`OP_NAME` or :data:`INPLACE_OP_NAME`. The
         functional one returns ``(q, k, v, gate)`` as ``schema.fake_outputs`` sizes them.
     """
@@ -940,7 +940,7 @@ def library_status() -> tuple[Path | None, str | None]:
         ``"is not a shared library (<why>)"``.
     """
     override = settings.ascendc_library()
-    path = override if override is not None else Path(__file__).with_name(LIBRARY_NAME)
+    path = override if override is not None else Path(__file__).resolve().parent.parent / LIBRARY_NAME
     if not path.exists():
         return (None, None) if override is None else (path, "does not exist")
     if not path.is_file():

@@ -3,9 +3,9 @@
 vLLM's pass managers (``PostGradPassManager``, vllm-ascend's ``GraphFusionPassManager``) accept
 only ``InductorPass``/``VllmInductorPass`` instances, and Inductor's ``post_grad_custom_post_pass``
 (vLLM-CPU's stock-Inductor path) accepts any ``CustomGraphPass``: the class below is both. It
-delegates to :class:`vllm_ascend_ext.fusion.QKNormRoPEFusionPass` and, when another pass held
+delegates to :class:`vllm_ascend_ext.passes.fusion.QKNormRoPEFusionPass` and, when another pass held
 the same config key before, runs that one first. After the attention-prologue pass, the MLA step
-(:class:`vllm_ascend_ext.mla_fusion.MLAFusion`, attribute ``mla``, set by the worker hook) runs on
+(:class:`vllm_ascend_ext.passes.mla_fusion.MLAFusion`, attribute ``mla``, set by the worker hook) runs on
 the same graph and logs its own ``fused N/M MLA prologues`` line.
 """
 
@@ -25,7 +25,7 @@ __all__ = ["VllmQKNormRoPEFusionPass", "make_vllm_pass"]
 
 
 class VllmQKNormRoPEFusionPass(VllmInductorPass):
-    """vLLM-facing wrapper of :class:`~vllm_ascend_ext.fusion.QKNormRoPEFusionPass`."""
+    """vLLM-facing wrapper of :class:`~vllm_ascend_ext.passes.fusion.QKNormRoPEFusionPass`."""
 
     is_vllm_ascend_ext_pass = True
 
@@ -34,7 +34,7 @@ class VllmQKNormRoPEFusionPass(VllmInductorPass):
         dtype = vllm_config.model_config.dtype if vllm_config.model_config else torch.bfloat16
         self.fusion = QKNormRoPEFusionPass(geometries, dtypes=(dtype,), counted=counted)
         self.previous = previous
-        #: The MLA step (:class:`vllm_ascend_ext.mla_fusion.MLAFusion`), or ``None``.
+        #: The MLA step (:class:`vllm_ascend_ext.passes.mla_fusion.MLAFusion`), or ``None``.
         self.mla = None
 
     def __call__(self, graph: torch.fx.Graph) -> None:

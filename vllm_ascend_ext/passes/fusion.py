@@ -89,12 +89,12 @@ Every call logs, once, at INFO: ``vllm_ascend_ext: fused N/M attention prologues
 counts the prologues in the graph of the geometries the pass was told to count (qkv splits of
 their widths, and for q-only geometries the per-head view of q that feeds a norm), including
 those of geometries it does not fuse, and N those rewritten. With the KV-cache step
-(:class:`~vllm_ascend_ext.kv_fusion.KVCacheFusion`, ``kv_cache=``) the line goes on
+(:class:`~vllm_ascend_ext.passes.kv_fusion.KVCacheFusion`, ``kv_cache=``) the line goes on
 ``, K/N with the KV-cache write``: K of the N fused prologues now also write their layer's
 cache (a q-only layer has no cache write of its own; a layer whose cache layout is refused
 keeps vLLM's, and one more INFO line gives the reason and the count). MiniMax-M2's q/k norm
 across all heads (geometries with ``qk_norm_across_heads``: no per-head pattern is registered for
-them) is fused first by :class:`~vllm_ascend_ext.tp_fusion.TPNormFusion` into
+them) is fused first by :class:`~vllm_ascend_ext.passes.tp_fusion.TPNormFusion` into
 ``split_qkv_tp_rmsnorm_rope``; those count in N, and the line goes on ``, T with the q/k norm
 across TP ranks`` (the KV-cache step's ``K/N`` then counts the per-head op's prologues only).
 """
@@ -112,12 +112,12 @@ import torch
 import torch._inductor.pattern_matcher as pm
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from . import custom_ops
+from ..kernels import custom_ops
 from .forms import (NATIVE_GEMMA_NORM, NATIVE_MROPE, NATIVE_NORM, NATIVE_ROPE, RESHAPE_OPS, AscendOps, NormForm,
                     RopeForm, ascend_ops, available_forms, canonicalize_reshapes,
                     example_inputs, fake_mode, lookup_op, merge_duplicate_views, native_gemma_rms_norm, native_mrope,
                     native_rms_norm, native_rope, native_weightless, npu_forms, trace, trace_aot, trace_views)
-from .ops.models import AttentionGeometry
+from ..ops.models import AttentionGeometry
 
 __all__ = [
     "ASCEND_FUSED_FORMAT",
@@ -372,7 +372,7 @@ def _variants(geo: AttentionGeometry, forms):
     """``(norm, rope, v_norm, key)`` of every pattern ``geo`` registers, in matching order: the
     v-norm patterns first, then the same without it (q and k fused, v's norm left in the graph)."""
     if geo.qk_norm_across_heads:
-        return  # MiniMax-M2's norm across heads: the TP step's (vllm_ascend_ext.tp_fusion)
+        return  # MiniMax-M2's norm across heads: the TP step's (vllm_ascend_ext.passes.tp_fusion)
     for with_v_norm in ((True, False) if geo.v_norm and geo.num_kv_heads else (False,)):
         for norm, rope in forms:
             if not rope.serves(geo):
@@ -416,7 +416,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         vllm-ascend's ops (the forms' default and the already-fused ops the log line counts);
         default :func:`ascend_ops` at first run.
     kv_cache : KVCacheFusion, optional
-        The KV-cache-write step (:mod:`vllm_ascend_ext.kv_fusion`), run after the prologues are
+        The KV-cache-write step (:mod:`vllm_ascend_ext.passes.kv_fusion`), run after the prologues are
         fused; ``None``: no such step, the log line as before. May be set after construction
         (attribute ``kv_cache``; the vLLM worker hook does).
 
@@ -443,7 +443,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
         self.last_already_fused: dict[str, int] = {}
         from .tp_fusion import TPNormFusion
 
-        #: The q/k-norm-across-heads step (MiniMax-M2; :mod:`vllm_ascend_ext.tp_fusion`), run
+        #: The q/k-norm-across-heads step (MiniMax-M2; :mod:`vllm_ascend_ext.passes.tp_fusion`), run
         #: first; its count is part of N and of the log line's TP suffix.
         self.tp_norm = TPNormFusion(self.geometries, dtypes=self._dtypes)
         self.last_tp = 0
@@ -544,7 +544,7 @@ class QKNormRoPEFusionPass(CustomGraphPass):
 
             line, args = line + TP_FORMAT, [*args, tp]
         if kv is not None and not self.kv_cache.enabled:
-            from .ops.settings import KV_CACHE_FUSION
+            from ..ops.settings import KV_CACHE_FUSION
 
             line, args = line + KV_OFF_FORMAT, [*args, KV_CACHE_FUSION]
         elif kv is not None:

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .ops.models import AttentionGeometry
+from ..ops.models import AttentionGeometry
 
 __all__ = ["model_geometries", "module_geometry"]
 

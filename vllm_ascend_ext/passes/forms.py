@@ -4,8 +4,8 @@ The native spellings of q/k RMSNorm, RoPE and mRoPE as vLLM 0.32 writes them, vL
 forms and vllm-ascend's NPU forms (:class:`NormForm`, :class:`RopeForm`, :func:`available_forms`),
 the example inputs patterns are traced with, and the traces themselves (:func:`trace` as Inductor
 sees a graph, :func:`trace_aot` as vllm-ascend's compiler does, :func:`trace_views` for vLLM's
-custom-op RoPE) with the graph canonicalisations they apply. :mod:`vllm_ascend_ext.fusion`,
-:mod:`vllm_ascend_ext.tp_fusion` and :mod:`vllm_ascend_ext.kv_fusion` build on it; it imports none
+custom-op RoPE) with the graph canonicalisations they apply. :mod:`vllm_ascend_ext.passes.fusion`,
+:mod:`vllm_ascend_ext.passes.tp_fusion` and :mod:`vllm_ascend_ext.passes.kv_fusion` build on it; it imports none
 of them.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch._inductor.pattern_matcher as pm
 
-from .ops.models import AttentionGeometry
+from ..ops.models import AttentionGeometry
 
 #: Tokens of the example inputs the patterns are traced with (any value > 1 works).
 EXAMPLE_TOKENS = 5

@@ -20,7 +20,7 @@ GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, t
 mRoPE, gated q, v-norm and q-only layers, and the paged KV-cache write
 (``split_qkv_rmsnorm_rope_kv_cache``) into ``nhd`` and ``nz`` caches of qkv's dtype or int8
 (``ascendc.SERVED_FEATURES``, ``ascendc.KV_LAYOUTS``); it needs the CANN-built library (see
-:func:`vllm_ascend_ext.ascendc.unsupported_reason`). Where the Triton op supports more (fp32,
+:func:`vllm_ascend_ext.kernels.ascendc.unsupported_reason`). Where the Triton op supports more (fp32,
 mixed weight dtypes, ``head_dim`` up to 512, the cache layouts ``hnd`` and ``cpu_vec``, fp8 and
 fp32 caches), ``auto`` keeps Triton and ``ascendc`` refuses naming what it cannot serve. The
 q/k norm across heads and TP ranks (``"tp_norm"``, ``split_qkv_tp_rmsnorm_rope``) is the Triton
@@ -28,7 +28,7 @@ op's alone.
 
 :func:`split_qkv_rmsnorm_rope`, :func:`split_qkv_rmsnorm_rope_kv_cache` and
 :func:`split_qkv_tp_rmsnorm_rope` are what the custom
-ops (:mod:`vllm_ascend_ext.custom_ops`) run: the Triton ops' signatures, validated by the op's
+ops (:mod:`vllm_ascend_ext.kernels.custom_ops`) run: the Triton ops' signatures, validated by the op's
 one validator, then routed per call (:func:`_choose`) from tensor metadata only (no device
 access, no host sync).
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops import launch_cache, settings, validation
+from ..ops import launch_cache, settings, validation
 
 __all__ = [
     "ENV_IMPL",
@@ -208,7 +208,7 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         The cos/sin cache's dtype.
     features : frozenset of str
         The call's optional variants (``Call.features``): the Triton op serves them all, the
-        AscendC kernel those :func:`vllm_ascend_ext.ascendc.unsupported_reason` accepts.
+        AscendC kernel those :func:`vllm_ascend_ext.kernels.ascendc.unsupported_reason` accepts.
     op : str
         The op's name, for the fallback warning and the error.
     kv_cache : vllm_ascend_ext.ops.validation.KVCacheWrite, optional
@@ -277,7 +277,7 @@ def _route(op: str, args: dict):
     from :func:`choose_impl` only if its features were served, which they are not: that would be
     a bug, refused here rather than run on the wrong kernel."""
     module, entry, kv = _TRITON_ENTRIES[op]
-    name = f"{__package__}.ops.{module}"
+    name = f"vllm_ascend_ext.ops.{module}"
     triton_module = sys.modules.get(name) or importlib.import_module(name)
 
     def make(call, args):
@@ -327,7 +327,7 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     Parameters and results are those of
     :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache`. Validated once per key by the
     op's one validator, then routed as the prologue is: ``auto`` runs Triton where it can, else
-    the AscendC twin (:func:`vllm_ascend_ext.ascendc.split_qkv_rmsnorm_rope_kv_cache`) where it
+    the AscendC twin (:func:`vllm_ascend_ext.kernels.ascendc.split_qkv_rmsnorm_rope_kv_cache`) where it
     serves the call (layouts ``nhd``/``nz``, a cache of qkv's dtype or int8);
     ``VLLM_ASCEND_EXT_IMPL=ascendc`` runs the twin or raises naming the layout or cache dtype it
     does not write.

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 import torch
 import torch._inductor.pattern_matcher as pm
 
-from . import custom_ops, mla_ops
+from ..kernels import custom_ops, mla_ops
 from .kv_fusion import attention_context, layer_name_of, layer_name_type_of
 
 __all__ = ["GLUE_OP_NAME", "LOG_FORMAT", "MLACounts", "MLAFusion", "MLAGeometry", "deepseek_rope",
@@ -549,7 +549,7 @@ def _merge_duplicate_unsqueezes(graph: torch.fx.Graph) -> int:
 
     Functionalisation replays a view chain per use: k_pe's ``unsqueeze(1)`` reaches the graph once
     for each of its three uses in the rotation, where the traced pattern has it once. (The GQA
-    pass's :func:`vllm_ascend_ext.fusion.merge_duplicate_views`, which has run before, merges the
+    pass's :func:`vllm_ascend_ext.passes.fusion.merge_duplicate_views`, which has run before, merges the
     splits and slices but leaves unsqueezes, whose repetition its patterns spell.)"""
     seen: dict = {}
     merged = 0

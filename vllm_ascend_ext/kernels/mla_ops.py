@@ -1,7 +1,7 @@
 """The MLA prologue as torch custom ops (DeepSeek-V2/V3, Kimi-K2; issue 30): what a compiled graph calls.
 
 Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
-:mod:`vllm_ascend_ext.custom_ops`, with the schema written out once (:data:`MLA_SCHEMA`,
+:mod:`vllm_ascend_ext.kernels.custom_ops`, with the schema written out once (:data:`MLA_SCHEMA`,
 :data:`Q_ROPE_SCHEMA`):
 
 ``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_mla`` (functional, except for the cache)::
@@ -23,7 +23,7 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
     (``split_cache=True``; ``rope_cache`` ``None`` only with ``rope_dim == 0``), in
     ``cache_layout`` ``"nd"`` or ``"nz"``. Two tensors, two mutable arguments: one tensor passed as
     both would be functionalised as two and one write lost (see
-    :func:`vllm_ascend_ext.custom_ops.value_cache_of`).
+    :func:`vllm_ascend_ext.kernels.custom_ops.value_cache_of`).
 
 ``torch.ops.vllm_ascend_ext.mla_q_rope_`` (in place on q)::
 
@@ -38,7 +38,7 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
 Each op has a fake implementation that runs the op's one validator
 (:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope_mla`,
 :func:`~vllm_ascend_ext.ops.validation.mla_q_rope_`) on the traced example's sizes (symbolic sizes
-through :func:`vllm_ascend_ext.schema.traced_example`), so a call the real op refuses is
+through :func:`vllm_ascend_ext.kernels.schema.traced_example`), so a call the real op refuses is
 refused while tracing, with the same ``ValueError``. The real implementations (CPU, CUDA,
 PrivateUse1) call the Triton ops; nothing here synchronises the host.
 
@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 
 from . import custom_ops, schema
-from .ops import validation
+from ..ops import validation
 
 __all__ = ["MLA_OP_NAME", "MLA_SCHEMA", "Q_ROPE_OP_NAME", "Q_ROPE_SCHEMA", "cache_argument", "mla_op",
            "q_rope_op"]
@@ -58,7 +58,7 @@ __all__ = ["MLA_OP_NAME", "MLA_SCHEMA", "Q_ROPE_OP_NAME", "Q_ROPE_SCHEMA", "cach
 MLA_OP_NAME = "split_qkv_rmsnorm_rope_mla"
 Q_ROPE_OP_NAME = "mla_q_rope_"
 
-#: The MLA prologue's schema (written once; the glue op of :mod:`vllm_ascend_ext.mla_fusion` reuses
+#: The MLA prologue's schema (written once; the glue op of :mod:`vllm_ascend_ext.passes.mla_fusion` reuses
 #: its argument list).
 MLA_ARGS_SCHEMA = (
     "Tensor qkv_lora, Tensor? q_a_weight, Tensor kv_a_weight, Tensor? cos_sin_cache, Tensor? positions, "
@@ -97,7 +97,7 @@ def cache_argument(kv_cache, rope_cache, split_cache: bool):
 def _mla_impl(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
               eps=1e-6, *, is_neox=False, kv_cache=None, rope_cache=None, slot_mapping=None, kv_cache_dtype="auto",
               k_scale=None, cache_layout="nd", split_cache=False):
-    from .ops import split_qkv_rmsnorm_rope_mla  # Triton is imported at the first call, not here
+    from ..ops import split_qkv_rmsnorm_rope_mla  # Triton is imported at the first call, not here
 
     return split_qkv_rmsnorm_rope_mla(
         qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim, eps,
@@ -135,7 +135,7 @@ def mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora
 
 
 def _q_rope_impl(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
-    from .ops import mla_q_rope_
+    from ..ops import mla_q_rope_
 
     mla_q_rope_(q, cos_sin_cache, positions, rope_dim, is_neox=is_neox)
     if q.shape[0] and not q.is_inference():
