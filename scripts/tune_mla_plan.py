@@ -7,12 +7,20 @@ sweep (CUDA-graph replay, the benchmark's :class:`Timer`), each against a plain 
 bytes of that launch, and prints the current plan (``ops/tiling/cuda.py``'s ``mla_plan``) beside
 the best. The numbers back the MLA constants of ``ops/tiling/cuda.py``; their outcome is one line
 in ``docs/performance.md``. ``--json`` keeps every measurement.
+
+``--floor`` times, instead of the sweep, each launch under the current plan against two copies of
+its bytes: the plain contiguous copy (what the benchmark's ``copy`` column is) and a copy with the
+launch's own access pattern and no math (:func:`pattern_copies`: the q side reads and writes back
+``q[..., nope:]`` in place, ``R`` of every ``nope + R`` lanes; the prologue reads ``qkv_lora``'s rows
+and writes ``q_c``, ``kv_c``, ``k_pe`` and the cache row at the token's slot). Where the pattern copy
+is itself slower than the contiguous one, that gap is the access pattern's, not the math's.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import sys
@@ -50,6 +58,71 @@ def _shapes(case: dict) -> tuple[MLAShape, MLAShape]:
     return call.shape, q_call.shape
 
 
+@functools.lru_cache(maxsize=None)
+def _pattern_kernels():
+    """The two no-math copies (Triton imported on first use)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def q_side_copy(q_ptr, rows, row_stride, OFFSET: tl.constexpr, R: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+        # q[..., OFFSET:OFFSET + R] of rows [T * H] read and written back in place.
+        row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
+        lanes = tl.arange(0, R)[None, :]
+        mask = row < rows
+        ptrs = q_ptr + row * row_stride + OFFSET + lanes
+        tl.store(ptrs, tl.load(ptrs, mask=mask), mask=mask)
+
+    @triton.jit
+    def prologue_copy(x_ptr, q_c_ptr, kv_c_ptr, k_pe_ptr, cache_ptr, slot_ptr, tokens, x_stride, cache_stride,
+                      LQ: tl.constexpr, LKV: tl.constexpr, R: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+        # qkv_lora's rows copied into q_c [T, LQ], kv_c [T, LKV], k_pe [T, R] and the cache row
+        # (kv_c, k_pe) at the token's slot, CHUNK columns at a time.
+        tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+        tok_ok = tok < tokens
+        slot = tl.load(slot_ptr + tok, mask=tok_ok, other=0).to(tl.int64)
+        for start in tl.static_range(0, LQ + LKV + R, CHUNK):
+            col = start + tl.arange(0, CHUNK)[None, :]
+            ok = tok_ok & (col < LQ + LKV + R)
+            x = tl.load(x_ptr + tok * x_stride + col, mask=ok)
+            if LQ > 0:
+                tl.store(q_c_ptr + tok * LQ + col, x, mask=ok & (col < LQ))
+            kv_col = col - LQ
+            tl.store(kv_c_ptr + tok * LKV + kv_col, x, mask=ok & (kv_col >= 0) & (kv_col < LKV))
+            tl.store(k_pe_ptr + tok * R + kv_col - LKV, x, mask=ok & (kv_col >= LKV))
+            tl.store(cache_ptr + slot * cache_stride + kv_col, x, mask=ok & (kv_col >= 0))
+
+    return q_side_copy, prologue_copy
+
+
+def pattern_copies(case: dict, q_block_rows: int = 16, block_tokens: int = 2, chunk: int = 512) -> tuple:
+    """``(prologue, q_side)``: zero-argument callables that move each launch's bytes in its access
+    pattern with no math (``--floor``), on ``case`` (:func:`make_mla_case`); the prologue's writes
+    go to ``q_c``/``kv_c``/``k_pe`` (made once, returned by each call) and into ``case["kv_cache"]``,
+    the q side rewrites ``q`` with itself."""
+    import triton
+
+    q_side_copy, prologue_copy = _pattern_kernels()
+    args, q, cache, slots = case["args"], case["q"], case["kv_cache"], case["slot_mapping"]
+    x, lq, lkv, r = args["qkv_lora"], args["q_lora_rank"], args["kv_lora_rank"], args["rope_dim"]
+    tokens, rows = x.shape[0], q.shape[0] * q.shape[1]
+    q_c, kv_c, k_pe = (x.new_empty(tokens, n) for n in (lq, lkv, r))
+    flat_cache = cache.view(-1, lkv + r)
+
+    def q_side():
+        q_side_copy[(triton.cdiv(rows, q_block_rows),)](q, rows, q.stride(1), OFFSET=q.shape[2] - r, R=r,
+                                                         BLOCK_ROWS=q_block_rows, num_warps=4)
+
+    def prologue():
+        prologue_copy[(triton.cdiv(tokens, block_tokens),)](
+            x, q_c, kv_c, k_pe, flat_cache, slots, tokens, x.stride(0), flat_cache.stride(0), LQ=lq, LKV=lkv, R=r,
+            CHUNK=chunk, BLOCK_T=block_tokens, num_warps=4)
+        return q_c, kv_c, k_pe
+
+    return prologue, q_side
+
+
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
@@ -77,6 +150,8 @@ def main() -> int:
                         help="q_c's chunk (2048: the 1536-lane row held whole, masked)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays a timing")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--floor", action="store_true",
+                        help="no sweep: each launch against the contiguous copy and its no-math pattern copy")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_mla_plan: needs a CUDA GPU", file=sys.stderr)
@@ -98,6 +173,16 @@ def main() -> int:
             ("q_rope", q_shape, nbytes[1],
              lambda: mla_q_rope_(case["q"], a["cos_sin_cache"], a["positions"], a["rope_dim"], is_neox=a["is_neox"])),
         )
+        if args.floor:
+            patterns = pattern_copies(case)
+            for (launch, shape, size, fn), pattern in zip(launches, patterns):
+                copy, floor, ours = copy_replay(device, timer, size), timer(pattern), timer(fn)
+                print(f"{name} tp{tp} T={tokens} {launch}: copy {copy:.2f} us, pattern copy {floor:.2f} "
+                      f"({floor / copy:.2f}x copy), ours {ours:.2f} ({ours / copy:.2f}x copy, "
+                      f"{ours / floor:.2f}x pattern)", flush=True)
+                records.append(dict(model=name, tp=tp, tokens=tokens, launch=launch, copy_us=copy,
+                                    pattern_us=floor, us=ours))
+            continue
         for launch, shape, size, fn in launches:
             copy = copy_replay(device, timer, size)
             current = cuda.mla_plan(shape, facts)

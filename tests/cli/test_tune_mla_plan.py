@@ -49,6 +49,29 @@ def test_candidates_vary_what_the_flags_say(tune):
         (t, h, 4) for t in (1, 2) for h in (4, 8)}
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "DeepSeek-V2-Lite"])
+def test_pattern_copies_move_each_launchs_bytes(tune, name):
+    """``--floor``'s no-math copies: the q side leaves ``q`` as it was (read and written back), the
+    prologue's outputs are ``qkv_lora``'s column ranges and the cache rows at the slots ``cat(kv_c,
+    k_pe)``, every other cache row untouched."""
+    spec = mla_model(name)
+    case = bench_mla.make_mla_case(spec, 3, 5, torch.device("cpu"))
+    q_before, cache_before = case["q"].clone(), case["kv_cache"].clone()
+    prologue, q_side = tune.pattern_copies(case, q_block_rows=4, block_tokens=2, chunk=256)
+    q_side()
+    assert torch.equal(case["q"], q_before)
+    q_c, kv_c, k_pe = prologue()
+    x, lq, lkv = case["args"]["qkv_lora"], spec.q_lora_rank, spec.kv_lora_rank
+    assert torch.equal(q_c, x[:, :lq]) and torch.equal(kv_c, x[:, lq:lq + lkv]) and torch.equal(k_pe, x[:, lq + lkv:])
+    rows = case["kv_cache"].view(-1, lkv + spec.rope_dim)
+    slots = case["slot_mapping"].long()
+    assert torch.equal(rows[slots], x[:, lq:])
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(rows[untouched], cache_before.view(-1, lkv + spec.rope_dim)[untouched])
+
+
 def test_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the script would run the sweep")
