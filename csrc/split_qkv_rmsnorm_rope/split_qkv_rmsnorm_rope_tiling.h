@@ -1,7 +1,7 @@
 // Tiling of the AscendC split_qkv_rmsnorm_rope kernel (and of split_qkv_rmsnorm_rope_kv_cache, the
 // same kernel class with the SQRR_FLAG_KV_* flags): what the host passes, by value, to every
-// block. Python computes every field (vllm_ascend_ext/ascendc.py: `tiling`, from the same
-// Ascend plan as the Triton op) and packs it with a ctypes mirror of this struct; the host-sim
+// block. Python computes every field (vllm_ascend_ext/kernels/ascendc_plan.py: `tiling`, from the
+// same Ascend plan as the Triton op) and packs it with a ctypes mirror of this struct; the host-sim
 // library exports the field offsets so the tests check that the two layouts agree.
 #ifndef SPLIT_QKV_RMSNORM_ROPE_TILING_H
 #define SPLIT_QKV_RMSNORM_ROPE_TILING_H

@@ -1,7 +1,7 @@
 // torch binding of the AscendC kernel (built only with CANN and torch_npu; see csrc/CMakeLists.txt).
 //
 // Defines vllm_ascend_ext::_split_qkv_rmsnorm_rope_ascendc_launch, the low-level launch that the
-// Python PrivateUse1 implementation (vllm_ascend_ext/ascendc.py) calls with outputs it allocated
+// Python PrivateUse1 implementation (vllm_ascend_ext/kernels/ascendc.py) calls with outputs it allocated
 // and the tiling struct it computed, packed as uint32 words. Nothing here decides a tile size.
 #include <cstring>
 #include <vector>

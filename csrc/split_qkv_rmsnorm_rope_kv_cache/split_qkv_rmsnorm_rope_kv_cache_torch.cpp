@@ -2,8 +2,9 @@
 // torch_npu; see csrc/CMakeLists.txt).
 //
 // Defines vllm_ascend_ext::_split_qkv_rmsnorm_rope_kv_cache_ascendc_launch, the low-level launch
-// that the Python PrivateUse1 implementation (vllm_ascend_ext/ascendc.py) calls with the outputs it
-// allocated, the caches it validated and the tiling struct it computed, packed as uint32 words.
+// that the Python PrivateUse1 implementation (vllm_ascend_ext/kernels/ascendc.py) calls with the
+// outputs it allocated, the caches it validated and the tiling struct it computed, packed as uint32
+// words.
 // Nothing here decides a tile size or a layout.
 #include <cstring>
 #include <vector>

@@ -7,7 +7,7 @@ import pytest
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.bench import bytes_moved
-from vllm_ascend_ext.cli.report import tensor_bytes
+from vllm_ascend_ext.cli.profile_readers import FUSED_PATTERN, UNFUSED_PATTERN, tensor_bytes
 from vllm_ascend_ext.ops.models import model
 
 #: The fixtures' run: Qwen3-8B at tp 1, 4096 tokens, bf16 qkv, fp32 cache, 5 prologues.
@@ -250,8 +250,7 @@ def test_arguments_give_run_the_subcommands_defaults(fixtures, tmp_path, capsys)
 
     png = tmp_path / "report.png"
     args = report.arguments(fixtures / "msprof", png=png)
-    assert (args.fused, args.unfused, args.tp, args.no_png) == (report.FUSED_PATTERN, report.UNFUSED_PATTERN,
-                                                               None, False)
+    assert (args.fused, args.unfused, args.tp, args.no_png) == (FUSED_PATTERN, UNFUSED_PATTERN, None, False)
     assert report.run(args) == 0
     assert png.read_bytes()[:4] == b"\x89PNG" and f"plot: {png}" in capsys.readouterr().out
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from vllm_ascend_ext.kernels import ascendc
+from vllm_ascend_ext.kernels import ascendc_plan
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry
 from vllm_ascend_ext.ops.tiling import KernelShape
@@ -79,12 +79,12 @@ class Case:
         shape = KernelShape.of(self.geometry, self.dtype.itemsize, cache_bytes)
         return dataclasses.replace(shape, mrope=self.mrope_positions)
 
-    def plan(self, cache_bytes: int) -> ascendc.AscendCPlan:
+    def plan(self, cache_bytes: int) -> ascendc_plan.AscendCPlan:
         """The plan the op launches this case with."""
         q_w, k_w = self.q_norm, self.k_norm and self.hkv > 0
-        return ascendc.plan(self.hq, self.hkv, self.d, self.rot, self.dtype.itemsize, cache_bytes,
-                            q_weight=q_w, k_weight=k_w, q_bias=self.bias and q_w, k_bias=self.bias and k_w,
-                            is_neox=self.neox, q_gate=self.q_gate, v_norm=self.v_norm, mrope=self.mrope_positions)
+        return ascendc_plan.plan(self.hq, self.hkv, self.d, self.rot, self.dtype.itemsize, cache_bytes,
+                                 q_weight=q_w, k_weight=k_w, q_bias=self.bias and q_w, k_bias=self.bias and k_w,
+                                 is_neox=self.neox, q_gate=self.q_gate, v_norm=self.v_norm, mrope=self.mrope_positions)
 
 
 #: Rows of the cos/sin cache, and the positions of the out-of-range case: below 0, the first and

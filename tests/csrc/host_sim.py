@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vllm_ascend_ext.kernels import ascendc
-from vllm_ascend_ext.kernels.ascendc import Tiling
+from vllm_ascend_ext.kernels.ascendc_plan import Tiling
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_DIR = ROOT / "csrc" / "ascendc_host_sim"

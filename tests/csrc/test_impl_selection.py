@@ -193,15 +193,16 @@ def _key(kwargs: dict) -> tuple:
 
 
 def test_ascendc_serves_each_variant_and_names_any_other():
-    from vllm_ascend_ext.kernels import ascendc
+    from vllm_ascend_ext.kernels import ascendc_plan
 
     for name in ("mrope", "q_gate", "v_norm", "q_only"):
-        assert ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset({name})) is None
-    assert ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset(ascendc.SERVED_FEATURES)) is None
-    reason = ascendc.unsupported_reason(torch.bfloat16, 128, features=frozenset({"mrope", "future_variant"}))
+        assert ascendc_plan.unsupported_reason(torch.bfloat16, 128, features=frozenset({name})) is None
+    served = frozenset(ascendc_plan.SERVED_FEATURES)
+    assert ascendc_plan.unsupported_reason(torch.bfloat16, 128, features=served) is None
+    reason = ascendc_plan.unsupported_reason(torch.bfloat16, 128, features=frozenset({"mrope", "future_variant"}))
     assert reason == "the AscendC kernel does not serve future_variant; the Triton op does"
     # a variant does not lift the kernel's other limits
-    assert "head_dim <= 256" in ascendc.unsupported_reason(torch.bfloat16, 512, features=frozenset({"v_norm"}))
+    assert "head_dim <= 256" in ascendc_plan.unsupported_reason(torch.bfloat16, 512, features=frozenset({"v_norm"}))
 
 
 def test_forced_ascendc_names_an_unserved_variant(monkeypatch, host_sim):
@@ -220,9 +221,9 @@ def test_forced_ascendc_names_an_unserved_variant(monkeypatch, host_sim):
 def test_a_call_of_an_unserved_variant_raises_naming_it(monkeypatch, host_sim, unserved, geometry, named):
     """Were the kernel not to serve a variant, a forced call of it says which, before anything runs
     (the refusal path of every variant, through the selector and the AscendC op's own check)."""
-    from vllm_ascend_ext.kernels import ascendc
+    from vllm_ascend_ext.kernels import ascendc, ascendc_plan
 
-    monkeypatch.setattr(ascendc, "SERVED_FEATURES", ascendc.SERVED_FEATURES - {unserved})
+    monkeypatch.setattr(ascendc_plan, "SERVED_FEATURES", ascendc_plan.SERVED_FEATURES - {unserved})
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
     kwargs = _variant_call(VARIANTS[geometry])
     before = kwargs["qkv"].clone()
@@ -328,22 +329,22 @@ def _ulp_close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def test_ascendc_serves_the_kv_cache_write_and_names_the_rest():
-    from vllm_ascend_ext.kernels import ascendc
+    from vllm_ascend_ext.kernels import ascendc_plan
 
-    assert "kv_cache" in ascendc.SERVED_FEATURES and ascendc.KV_LAYOUTS == ("nhd", "nz")
+    assert "kv_cache" in ascendc_plan.SERVED_FEATURES and ascendc_plan.KV_LAYOUTS == ("nhd", "nz")
     for layout, dtype, per_channel in (("nhd", torch.bfloat16, False), ("nz", torch.bfloat16, False),
                                        ("nhd", torch.int8, False), ("nz", torch.int8, True)):
         call = _kv_validated(_kv_call(layout, dtype=dtype, per_channel=per_channel))
         assert call.features == frozenset({"kv_cache"})
-        assert ascendc.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
-                                          kv_dtype=dtype) is None
+        assert ascendc_plan.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
+                                               kv_dtype=dtype) is None
     for layout in ("hnd", "cpu_vec"):
         call = _kv_validated(_kv_call(layout))
-        assert ascendc.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
-                                          kv_dtype=torch.bfloat16) == (
+        assert ascendc_plan.unsupported_reason(torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache,
+                                               kv_dtype=torch.bfloat16) == (
             f"the AscendC kernel does not write cache_layout={layout!r} (it writes nhd, nz); the Triton op does")
     call = _kv_validated(_kv_call(dtype=torch.float8_e4m3fn))
-    assert "does not write a torch.float8_e4m3fn KV cache" in ascendc.unsupported_reason(
+    assert "does not write a torch.float8_e4m3fn KV cache" in ascendc_plan.unsupported_reason(
         torch.bfloat16, 64, features=call.features, kv_cache=call.kv_cache, kv_dtype=torch.float8_e4m3fn)
 
 
@@ -461,9 +462,9 @@ def _tp_call() -> dict:
 
 def test_ascendc_names_the_tp_norm_it_does_not_serve(monkeypatch):
     """Forced AscendC: the norm across TP ranks is refused naming ``tp_norm``, before anything runs."""
-    from vllm_ascend_ext.kernels import ascendc
+    from vllm_ascend_ext.kernels import ascendc_plan
 
-    assert "tp_norm" not in ascendc.SERVED_FEATURES
+    assert "tp_norm" not in ascendc_plan.SERVED_FEATURES
     monkeypatch.setenv(impl.ENV_IMPL, "ascendc")
     kwargs = _tp_call()
     with pytest.raises(RuntimeError, match=r"does not serve tp_norm \(the q/k norm across heads and TP ranks\)"):

@@ -18,7 +18,7 @@ import torch
 
 from ascendc_cases import MAX_POSITION, Case, assert_close, make_inputs
 from host_sim import SimViolation, byte_mask, poison_new_outputs
-from vllm_ascend_ext.kernels import ascendc
+from vllm_ascend_ext.kernels import ascendc, ascendc_plan
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.device import ascend_facts
 from vllm_ascend_ext.ops.models import AttentionGeometry
@@ -233,8 +233,8 @@ def test_host_layer_runs_every_block_index(selftest_lib):
 
 
 def test_tiling_struct_layout_matches_c(host_sim):
-    offsets = [getattr(ascendc.Tiling, name).offset for name, _ in ascendc.Tiling._fields_]
-    assert host_sim.tiling_layout() == [ctypes.sizeof(ascendc.Tiling)] + offsets
+    offsets = [getattr(ascendc_plan.Tiling, name).offset for name, _ in ascendc_plan.Tiling._fields_]
+    assert host_sim.tiling_layout() == [ctypes.sizeof(ascendc_plan.Tiling)] + offsets
 
 
 # --- the kernel ---------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def test_text_only_positions_are_plain_rope(host_sim, case):
     kwargs = make_inputs(text, torch.Generator().manual_seed(8))
     assert kwargs["positions"].dim() == 1 and kwargs["mrope_section"] == case.mrope
     with_section = ascendc.split_qkv_rmsnorm_rope(**kwargs)
-    assert not host_sim.tiling.flags & (ascendc.FLAG_MROPE | ascendc.FLAG_MROPE_INTERLEAVED)
+    assert not host_sim.tiling.flags & (ascendc_plan.FLAG_MROPE | ascendc_plan.FLAG_MROPE_INTERLEAVED)
     plain = ascendc.split_qkv_rmsnorm_rope(**{**kwargs, "mrope_section": None, "mrope_interleaved": False})
     for a, b in zip(with_section, plain, strict=True):
         assert torch.equal(a, b)
@@ -275,7 +275,7 @@ def test_text_only_positions_are_plain_rope(host_sim, case):
     assert_close(with_section[0], ref[0], case.dtype)
     # the same positions on all three axes of [3, T] give the same numbers too
     axes = ascendc.split_qkv_rmsnorm_rope(**{**kwargs, "positions": kwargs["positions"].expand(3, -1)})
-    assert host_sim.tiling.flags & ascendc.FLAG_MROPE and host_sim.tiling.positionAxisStride == 0
+    assert host_sim.tiling.flags & ascendc_plan.FLAG_MROPE and host_sim.tiling.positionAxisStride == 0
     for a, b in zip(axes, plain, strict=True):
         assert torch.equal(a, b)
 
@@ -310,11 +310,12 @@ def test_mrope_positions_as_a_strided_view(host_sim):
     assert_close(k, ref[1], case.dtype)
 
 
-def small_plan(case: Case, block_tokens: int, block_heads: int, max_programs: int) -> ascendc.AscendCPlan:
-    buffers = ascendc.ub_buffers(case.d, case.rot, block_tokens, block_heads, case.dtype.itemsize, 4,
-                                 q_weight=case.q_norm, k_weight=case.k_norm and case.hkv > 0, q_bias=False,
-                                 k_bias=False, v_norm=case.v_norm, mrope=case.mrope_positions)
-    return ascendc.AscendCPlan(block_tokens, block_heads, max_programs, block_tokens, buffers, 192 * 1024, 192 * 1024)
+def small_plan(case: Case, block_tokens: int, block_heads: int, max_programs: int) -> ascendc_plan.AscendCPlan:
+    buffers = ascendc_plan.ub_buffers(case.d, case.rot, block_tokens, block_heads, case.dtype.itemsize, 4,
+                                      q_weight=case.q_norm, k_weight=case.k_norm and case.hkv > 0, q_bias=False,
+                                      k_bias=False, v_norm=case.v_norm, mrope=case.mrope_positions)
+    return ascendc_plan.AscendCPlan(block_tokens, block_heads, max_programs, block_tokens, buffers, 192 * 1024,
+                                    192 * 1024)
 
 
 TILE_SHAPES = [
@@ -338,7 +339,7 @@ TILE_VARIANTS = {
 def test_tile_boundaries(host_sim, block_tokens, block_heads, max_programs, tokens, variant):
     case = dataclasses.replace(Case(tokens=tokens, hq=7, hkv=3, d=64, r=32, neox=False), **TILE_VARIANTS[variant])
     plan = small_plan(case, block_tokens, block_heads, max_programs)
-    with ascendc.forced(plan):
+    with ascendc_plan.forced(plan):
         res = run_case(case, host_sim, seed=tokens)
     check_outputs(case, res)
     check_memory(case, host_sim, res)
@@ -355,7 +356,7 @@ def test_capped_grid_is_kept_off_multiples_of_the_head_blocks(host_sim):
     shape = case.shape()
     assert plan.head_blocks(shape) == 3 and plan.num_tiles(shape, case.tokens) == 15
     assert plan.grid(shape, case.tokens) == 5
-    with ascendc.forced(plan):
+    with ascendc_plan.forced(plan):
         res = run_case(case, host_sim, seed=4)
     assert host_sim.blocks_run == host_sim.block_dim == 5
     check_outputs(case, res)
@@ -370,7 +371,7 @@ def test_gate_and_v_blocks_count_in_the_grid(host_sim):
     shape = case.shape()
     assert plan.head_blocks(shape) == 6 and plan.num_tiles(shape, case.tokens) == 30
     assert plan.grid(shape, case.tokens) == 11
-    with ascendc.forced(plan):
+    with ascendc_plan.forced(plan):
         res = run_case(case, host_sim, seed=5)
     assert host_sim.blocks_run == host_sim.block_dim == 11
     check_outputs(case, res)
@@ -380,7 +381,7 @@ def test_gate_and_v_blocks_count_in_the_grid(host_sim):
 def test_planned_grid_is_the_triton_plans(host_sim):
     # 8/1/128 on the default SoC: 5 head blocks and 40 vector cores; 10 token blocks, 50 tiles.
     case = Case(hq=8, hkv=1, d=128)
-    plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
+    plan = ascendc_plan.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
     shape = case.shape()
     triton = ascend_tiling.plan(shape, ascend_facts(None))
     tokens = 9 * plan.block_tokens + 1
@@ -397,7 +398,7 @@ def _variant_model_rows() -> list[AttentionGeometry]:
     take (``head_dim <= 256``), each once."""
     from vllm_ascend_ext.ops.models import geometry_table
 
-    rows = {g for _, _, g in geometry_table() if g.head_dim <= ascendc.MAX_HEAD_DIM
+    rows = {g for _, _, g in geometry_table() if g.head_dim <= ascendc_plan.MAX_HEAD_DIM
             and (g.q_gate or g.v_norm or g.mrope_section is not None or g.num_kv_heads == 0)}
     return sorted(rows, key=lambda g: g.label)
 
@@ -406,10 +407,10 @@ def _variant_model_rows() -> list[AttentionGeometry]:
 def test_variant_model_rows_match_the_reference(host_sim, geometry):
     """Every model row of issue 10 the kernel serves, at its planned tiles, one token past the
     first token tile."""
-    plan = ascendc.plan(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim, geometry.rotary_dim, 2, 4,
-                        q_weight=geometry.qk_norm, k_weight=geometry.qk_norm and geometry.num_kv_heads > 0,
-                        is_neox=geometry.is_neox, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
-                        mrope=geometry.mrope_section is not None)
+    plan = ascendc_plan.plan(geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim, geometry.rotary_dim, 2, 4,
+                             q_weight=geometry.qk_norm, k_weight=geometry.qk_norm and geometry.num_kv_heads > 0,
+                             is_neox=geometry.is_neox, q_gate=geometry.q_gate, v_norm=geometry.v_norm,
+                             mrope=geometry.mrope_section is not None)
     tokens = plan.block_tokens + 1
     kwargs = reference.make_inputs(geometry, tokens, generator=torch.Generator().manual_seed(tokens))
     ref = reference.split_qkv_rmsnorm_rope(**kwargs)
@@ -424,7 +425,7 @@ def test_variant_model_rows_match_the_reference(host_sim, geometry):
 
 def test_first_token_past_a_planned_tile(host_sim):
     case = Case(hq=8, hkv=1, d=128)
-    plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
+    plan = ascendc_plan.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
     res = run_case(dataclasses.replace(case, tokens=plan.block_tokens + 1), host_sim, seed=3)
     assert_close(res["q"], res["ref_q"], case.dtype)
     assert_close(res["k"], res["ref_k"], case.dtype)
@@ -432,7 +433,7 @@ def test_first_token_past_a_planned_tile(host_sim):
 
 def test_kernel_fails_loudly_when_ub_is_too_small(host_sim):
     case = Case(tokens=3)
-    plan = ascendc.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
+    plan = ascendc_plan.plan(case.hq, case.hkv, case.d, case.rot, 2, 4)
     host_sim.ub_bytes = plan.ub_bytes - 32
     try:
         with pytest.raises(SimViolation, match="UB overflow"):
@@ -565,12 +566,12 @@ def test_plan_fits_every_model_geometry():
     from vllm_ascend_ext.ops.models import geometry_table
 
     for _, _, g in geometry_table():
-        if g.head_dim > ascendc.MAX_HEAD_DIM or g.qk_norm_across_heads:  # (AscendC serves neither)
+        if g.head_dim > ascendc_plan.MAX_HEAD_DIM or g.qk_norm_across_heads:  # (AscendC serves neither)
             continue
         for cache_bytes in (2, 4):
-            p = ascendc.plan(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, 2, cache_bytes,
-                             q_weight=g.qk_norm, k_weight=g.qk_norm and g.num_kv_heads > 0, is_neox=g.is_neox,
-                             q_gate=g.q_gate, v_norm=g.v_norm, mrope=g.mrope_section is not None)
+            p = ascendc_plan.plan(g.num_q_heads, g.num_kv_heads, g.head_dim, g.rotary_dim, 2, cache_bytes,
+                                  q_weight=g.qk_norm, k_weight=g.qk_norm and g.num_kv_heads > 0, is_neox=g.is_neox,
+                                  q_gate=g.q_gate, v_norm=g.v_norm, mrope=g.mrope_section is not None)
             triton = ascend_tiling.plan(KernelShape.of(g, 2, cache_bytes), ascend_facts(None))
             assert p.ub_bytes <= p.ub_budget
             assert (p.block_heads, p.max_programs) == (triton.block_heads, triton.max_programs)

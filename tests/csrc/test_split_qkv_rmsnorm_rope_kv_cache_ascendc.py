@@ -27,7 +27,7 @@ import torch
 
 from ascendc_cases import Case, assert_close, make_inputs
 from host_sim import byte_mask, poison_new_outputs
-from vllm_ascend_ext.kernels import ascendc, custom_ops, impl
+from vllm_ascend_ext.kernels import ascendc, ascendc_plan, custom_ops, impl
 from vllm_ascend_ext.ops import reference, validation
 from vllm_ascend_ext.ops.tiling import KernelShape
 
@@ -147,7 +147,7 @@ def masks(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return key != 0, value != 0
 
 
-def run_and_check(case: Case, kv: KV, host_sim, seed: int = 0, *, plan: ascendc.AscendCPlan | None = None):
+def run_and_check(case: Case, kv: KV, host_sim, seed: int = 0, *, plan: ascendc_plan.AscendCPlan | None = None):
     """Run the AscendC op on one case and check everything it wrote and did not write."""
     args, backing = make_call(case, kv, seed)
     qkv = args["qkv"]
@@ -155,7 +155,7 @@ def run_and_check(case: Case, kv: KV, host_sim, seed: int = 0, *, plan: ascendc.
     ref = reference.split_qkv_rmsnorm_rope(**{n: a for n, a in args.items() if n in _PROLOGUE})
     call = {**args, "inplace": case.inplace}
     if plan is not None:
-        with ascendc.forced(plan):
+        with ascendc_plan.forced(plan):
             out = ascendc.split_qkv_rmsnorm_rope_kv_cache(**call)
     else:
         out = ascendc.split_qkv_rmsnorm_rope_kv_cache(**call)
@@ -262,12 +262,12 @@ def check_memory(case: Case, kv: KV, host_sim, args: dict, backing: torch.Tensor
         assert host_sim.regions["gate_out"].written.all()
 
 
-def kv_plan(case: Case, kv: KV) -> ascendc.AscendCPlan:
+def kv_plan(case: Case, kv: KV) -> ascendc_plan.AscendCPlan:
     q_w, k_w = case.q_norm, case.k_norm
-    return ascendc.plan(case.hq, case.hkv, case.d, case.rot, case.dtype.itemsize, case.cache_dtype.itemsize,
-                        q_weight=q_w, k_weight=k_w, q_bias=case.bias and q_w, k_bias=case.bias and k_w,
-                        is_neox=case.neox, q_gate=case.q_gate, v_norm=case.v_norm, mrope=case.mrope_positions,
-                        kv_cache=True, kv_int8=kv.int8, kv_per_channel=kv.per_channel)
+    return ascendc_plan.plan(case.hq, case.hkv, case.d, case.rot, case.dtype.itemsize, case.cache_dtype.itemsize,
+                             q_weight=q_w, k_weight=k_w, q_bias=case.bias and q_w, k_bias=case.bias and k_w,
+                             is_neox=case.neox, q_gate=case.q_gate, v_norm=case.v_norm, mrope=case.mrope_positions,
+                             kv_cache=True, kv_int8=kv.int8, kv_per_channel=kv.per_channel)
 
 
 def kv_shape(case: Case) -> KernelShape:
@@ -322,18 +322,19 @@ def test_cache_write_matches_float64_reference(host_sim, case, kv):
     assert host_sim.blocks_run == host_sim.block_dim == plan.grid(shape, case.tokens)
     assert host_sim.tiling.numTiles == plan.num_tiles(shape, case.tokens)
     flags = host_sim.tiling.flags
-    assert bool(flags & ascendc.FLAG_KV_CACHE) and bool(flags & ascendc.FLAG_KV_NZ) == (kv.layout == "nz")
-    assert bool(flags & ascendc.FLAG_KV_INT8) == kv.int8
-    assert bool(flags & ascendc.FLAG_KV_PER_CHANNEL) == kv.per_channel
-    assert bool(flags & ascendc.FLAG_KV_OUT) == kv.return_kv
+    assert bool(flags & ascendc_plan.FLAG_KV_CACHE) and bool(flags & ascendc_plan.FLAG_KV_NZ) == (kv.layout == "nz")
+    assert bool(flags & ascendc_plan.FLAG_KV_INT8) == kv.int8
+    assert bool(flags & ascendc_plan.FLAG_KV_PER_CHANNEL) == kv.per_channel
+    assert bool(flags & ascendc_plan.FLAG_KV_OUT) == kv.return_kv
 
 
-def small_plan(case: Case, kv: KV, block_tokens: int, block_heads: int, max_programs: int) -> ascendc.AscendCPlan:
-    buffers = ascendc.ub_buffers(case.d, case.rot, block_tokens, block_heads, case.dtype.itemsize,
-                                 case.cache_dtype.itemsize, q_weight=case.q_norm, k_weight=case.k_norm,
-                                 q_bias=case.bias, k_bias=case.bias, v_norm=case.v_norm, mrope=case.mrope_positions,
-                                 kv_int8=kv.int8, kv_per_channel=kv.per_channel)
-    return ascendc.AscendCPlan(block_tokens, block_heads, max_programs, block_tokens, buffers, 192 * 1024, 192 * 1024)
+def small_plan(case: Case, kv: KV, block_tokens: int, block_heads: int, max_programs: int) -> ascendc_plan.AscendCPlan:
+    buffers = ascendc_plan.ub_buffers(case.d, case.rot, block_tokens, block_heads, case.dtype.itemsize,
+                                      case.cache_dtype.itemsize, q_weight=case.q_norm, k_weight=case.k_norm,
+                                      q_bias=case.bias, k_bias=case.bias, v_norm=case.v_norm,
+                                      mrope=case.mrope_positions, kv_int8=kv.int8, kv_per_channel=kv.per_channel)
+    return ascendc_plan.AscendCPlan(block_tokens, block_heads, max_programs, block_tokens, buffers, 192 * 1024,
+                                    192 * 1024)
 
 
 @pytest.mark.parametrize("kv", [KV(), KV(int8=True, per_channel=True, return_kv=True), KV(layout="nz", int8=True),
@@ -357,10 +358,10 @@ def test_plan_gains_the_int8_buffers_within_the_budget():
     """The int8 write's buffers are listed (the tile, its fp16 staging, the scale row) and the
     plan halves block_tokens when they would not fit; a float cache adds no buffer."""
     base = dict(q_weight=True, k_weight=True, is_neox=True)
-    plain = ascendc.plan(32, 8, 128, 128, 2, 4, **base)
-    same = ascendc.plan(32, 8, 128, 128, 2, 4, kv_cache=True, **base)
-    per_tensor = ascendc.plan(32, 8, 128, 128, 2, 4, kv_cache=True, kv_int8=True, **base)
-    per_channel = ascendc.plan(32, 8, 128, 128, 2, 4, kv_cache=True, kv_int8=True, kv_per_channel=True, **base)
+    plain = ascendc_plan.plan(32, 8, 128, 128, 2, 4, **base)
+    same = ascendc_plan.plan(32, 8, 128, 128, 2, 4, kv_cache=True, **base)
+    per_tensor = ascendc_plan.plan(32, 8, 128, 128, 2, 4, kv_cache=True, kv_int8=True, **base)
+    per_channel = ascendc_plan.plan(32, 8, 128, 128, 2, 4, kv_cache=True, kv_int8=True, kv_per_channel=True, **base)
     names = [n for n, _ in per_channel.ub_buffers]
     assert [n for n, _ in same.ub_buffers] == [n for n, _ in plain.ub_buffers]
     assert any(n.startswith("KV int8 tile") for n in names) and any(n.startswith("KV scale row") for n in names)

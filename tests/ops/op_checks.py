@@ -33,8 +33,8 @@ TOLERANCES = {
 POISON = {torch.float32: float("nan"), torch.float16: float("nan"), torch.bfloat16: float("nan")}
 #: Launch plans every plan-sensitive test runs under: the Ascend plan, and CUDA's plan for large
 #: batches and for small ones (which the op picks by token count on a GPU).
-BACKENDS = ("ascend", "cuda-large", "cuda-small")
-#: The feature tests' plans: :data:`BACKENDS` and ``small-tiles``, a forced plan of 2 tokens x 2
+PLAN_KINDS = ("ascend", "cuda-large", "cuda-small")
+#: The feature tests' plans: :data:`PLAN_KINDS` and ``small-tiles``, a forced plan of 2 tokens x 2
 #: heads per tile (q, k, gate and v heads alike), the pass-through tail cut into 4-lane chunks and
 #: 5 programs walking the tiles grid-stride (loading the next tile's positions ahead), so small
 #: sizes cross every block of every arm.
@@ -43,7 +43,7 @@ BACKENDS = ("ascend", "cuda-large", "cuda-small")
 #: (when written) in k's tiles. ``whole-row`` holds q's and k's heads as whole rows (what the CUDA
 #: small-batch plan does where D is a power of two and the tail is not), 2 tokens x 2 q heads x
 #: 1 k head a tile, 5 programs loading positions ahead.
-PLANS = BACKENDS + ("small-tiles", "two-piece", "whole-row")
+PLANS = PLAN_KINDS + ("small-tiles", "two-piece", "whole-row")
 
 #: The ``poisoned`` fixture frames each out-of-place output with this value: a row before it, a
 #: row after it and ``GUARD_COLUMNS`` after each of its rows (16, so the output's row stride keeps

@@ -33,7 +33,7 @@ from vllm_ascend_ext.ops.tiling.cuda import CudaPlan
 
 from tiers import rotated
 
-from op_checks import (BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, forced, gpu, plan_of, shape_of,
+from op_checks import (COMPILED, PLAN_KINDS, PLANS, TOLERANCES, check_sentinels, forced, gpu, plan_of, shape_of,
                        whole_rows)
 
 #: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
@@ -58,7 +58,7 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def run_and_check(args: dict, backend: str | None = None, inplace: bool = False) -> tuple:
+def run_and_check(args: dict, plan_kind: str | None = None, inplace: bool = False) -> tuple:
     """Run the op (optionally under a forced plan) and check every output against the reference.
 
     q and k (and v with ``v_norm``) to the dtype's tolerance, v without ``v_norm`` and the gate
@@ -72,7 +72,7 @@ def run_and_check(args: dict, backend: str | None = None, inplace: bool = False)
     rows = whole_rows(qkv)
     rows_before = rows.clone()
     before = qkv.clone()
-    with forced(backend, args):
+    with forced(plan_kind, args):
         outputs = split_qkv_rmsnorm_rope(**args, inplace=inplace)
     expected = reference.split_qkv_rmsnorm_rope(**dict(args, qkv=before))
     assert len(outputs) == len(expected) == (4 if shape.q_gate else 3)
@@ -113,14 +113,14 @@ def run_and_check(args: dict, backend: str | None = None, inplace: bool = False)
 INTERPRETER_MAX_TOKENS = 512
 
 
-def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> list[int]:
+def tile_boundary_tokens(geometry: AttentionGeometry, plan_kind: str, device) -> list[int]:
     """1, odd, a full tile, just past a tile, and enough tiles that programs loop (grid-stride).
 
     The looping count is skipped in the interpreter when the plan's grid is large (the CUDA plan
     has SMs x 8 programs); ``test_grid_stride_loop`` covers looping there with a small plan.
     """
     shape = KernelShape.of(geometry, 2, 4)
-    plan = plan_of(backend, shape, device)
+    plan = plan_of(plan_kind, shape, device)
     bt = plan.block_tokens
     looping = bt * -(-(plan.max_programs + 1) // plan.head_blocks(shape)) + 1
     counts = {1, 3, bt, bt + 1, 2 * bt + 1}
@@ -132,21 +132,21 @@ def tile_boundary_tokens(geometry: AttentionGeometry, backend: str, device) -> l
 SMALL = model("Qwen3-30B-A3B").shard(4)  # 8/1/128: cheap in the interpreter, q and k blocks
 
 
-@pytest.mark.parametrize("geometry,backend",
-                         rotated([SMALL, model("GLM-4-9B").shard(8), model("Phi-2").shard(8)], BACKENDS))
-def test_tile_boundaries(device, poisoned, backend, geometry):
-    for tokens in tile_boundary_tokens(geometry, backend, device):
-        run_and_check(make_inputs(geometry, tokens, device=device), backend)
+@pytest.mark.parametrize("geometry,plan_kind",
+                         rotated([SMALL, model("GLM-4-9B").shard(8), model("Phi-2").shard(8)], PLAN_KINDS))
+def test_tile_boundaries(device, poisoned, plan_kind, geometry):
+    for tokens in tile_boundary_tokens(geometry, plan_kind, device):
+        run_and_check(make_inputs(geometry, tokens, device=device), plan_kind)
 
 
-@pytest.mark.parametrize("spec,backend", rotated(
-    [pytest.param(m, id=m.name) for m in MODELS if not m.qk_norm_across_heads], BACKENDS))
-def test_model_table(device, poisoned, spec, backend):
+@pytest.mark.parametrize("spec,plan_kind", rotated(
+    [pytest.param(m, id=m.name) for m in MODELS if not m.qk_norm_across_heads], PLAN_KINDS))
+def test_model_table(device, poisoned, spec, plan_kind):
     """Every model of the table, sharded as far as vLLM runs it (small per-rank sizes), every plan
     (each model one plan in the default tier). (MiniMax-M2's norm across heads is another op's:
     ``test_split_qkv_tp_rmsnorm_rope.py``.)"""
     geometry = spec.shard(max(spec.tp_sizes))
-    run_and_check(make_inputs(geometry, 19, device=device), backend)
+    run_and_check(make_inputs(geometry, 19, device=device), plan_kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -180,14 +180,14 @@ def test_gemma_offset_and_bias(device, poisoned):
     run_and_check(make_inputs(geometry, 7, device=device, bias=True), "cuda-large")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("plan_kind", PLAN_KINDS)
 @pytest.mark.parametrize("row_padding", [32, 24], ids=["aligned-view", "misaligned-view"])
-def test_inplace_matches_out_of_place(device, poisoned, backend, row_padding):
+def test_inplace_matches_out_of_place(device, poisoned, plan_kind, row_padding):
     """In place equals out of place, and writes nothing outside q's and k's columns."""
-    check_in_place(make_inputs(SMALL, 29, device=device, row_padding=row_padding), backend, device)
+    check_in_place(make_inputs(SMALL, 29, device=device, row_padding=row_padding), plan_kind, device)
 
 
-def check_in_place(args: dict, backend: str, device) -> None:
+def check_in_place(args: dict, plan_kind: str, device) -> None:
     """In place equals out of place (``run_and_check`` checks each against the reference, and that
     only q's and k's columns, and v's with ``v_norm``, change in place).
 
@@ -196,9 +196,9 @@ def check_in_place(args: dict, backend: str, device) -> None:
     in-place stores differently (narrower vectors, another reduction order: seen on the H200),
     so there the two agree to the dtype's tolerance; the interpreter is always bit-equal.
     """
-    out_of_place = run_and_check(args, backend)
+    out_of_place = run_and_check(args, plan_kind)
     qkv = whole_rows(args["qkv"]).clone()[:, :args["qkv"].shape[1]]
-    in_place = run_and_check(dict(args, qkv=qkv), backend, inplace=True)
+    in_place = run_and_check(dict(args, qkv=qkv), plan_kind, inplace=True)
     for got, want in zip(in_place, out_of_place):
         if device.type == "cpu" or qkv.stride(0) % 16 == 0:
             assert torch.equal(got, want)
@@ -214,10 +214,10 @@ def test_grid_stride_loop(device, poisoned):
         run_and_check(args)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_repeated_calls_are_bit_identical(device, backend):
+@pytest.mark.parametrize("plan_kind", PLAN_KINDS)
+def test_repeated_calls_are_bit_identical(device, plan_kind):
     args = make_inputs(SMALL, 37, device=device)
-    with forced(backend, args):
+    with forced(plan_kind, args):
         first = split_qkv_rmsnorm_rope(**args)
         second = split_qkv_rmsnorm_rope(**args)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
@@ -571,12 +571,12 @@ def test_cuda_graph_capture(device, geometry):
 
 
 @gpu
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("plan_kind", PLAN_KINDS)
 @pytest.mark.parametrize("name,tp", [("Qwen3-8B", 1), ("Qwen3-235B-A22B", 1), ("Qwen3-32B", 8),
                                      ("Qwen3-Next-80B-A3B", 1), ("GLM-4-9B", 1), ("Phi-3-mini", 1)])
 @pytest.mark.parametrize("tokens", [4097, 16384 + 3])
-def test_large(device, poisoned, backend, name, tp, tokens):
-    run_and_check(make_inputs(model(name).shard(tp), tokens, device=device), backend)
+def test_large(device, poisoned, plan_kind, name, tp, tokens):
+    run_and_check(make_inputs(model(name).shard(tp), tokens, device=device), plan_kind)
 
 
 def _large(name: str, tp: int):
@@ -605,16 +605,16 @@ LARGE_FEATURES = [
 #: interpreter the same cases run reduced (a few tokens, one plan), so that the test itself is
 #: exercised wherever the suite runs; the feature tests above cover the plans there.
 LARGE_TOKENS = (4097, 16384 + 3) if COMPILED else (3,)
-LARGE_BACKENDS = BACKENDS if COMPILED else ("cuda-large",)
+LARGE_PLAN_KINDS = PLAN_KINDS if COMPILED else ("cuda-large",)
 
 
-@pytest.mark.parametrize("backend", LARGE_BACKENDS)
+@pytest.mark.parametrize("plan_kind", LARGE_PLAN_KINDS)
 @pytest.mark.parametrize("geometry", LARGE_FEATURES)
 @pytest.mark.parametrize("tokens", LARGE_TOKENS)
-def test_large_features(device, poisoned, backend, geometry, tokens):
+def test_large_features(device, poisoned, plan_kind, geometry, tokens):
     """The variants at model sizes, out of place and (where allowed) in place, every plan."""
     args = make_inputs(geometry, tokens, device=device, max_position=4099)
     if geometry.q_gate:
-        run_and_check(args, backend)
+        run_and_check(args, plan_kind)
     else:
-        check_in_place(args, backend, device)
+        check_in_place(args, plan_kind, device)

@@ -38,7 +38,7 @@ from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnor
 
 from tiers import rotated
 
-from op_checks import (BACKENDS, COMPILED, PLANS, TOLERANCES, check_sentinels, make_slots, plan_of, random_bits,
+from op_checks import (COMPILED, PLAN_KINDS, PLANS, TOLERANCES, check_sentinels, make_slots, plan_of, random_bits,
                        whole_rows)
 
 #: The op's kernel runs in these tests (what the triton-ascend suite reruns: ``-m kernel``).
@@ -767,11 +767,11 @@ LARGE_KV = [
     _large("Qwen3-VL-8B", 1, "cpu_vec", "bf16"),
     _large("Gemma-4-31B:full", 1, "nz", "bf16"),
 ]
-#: On a GPU: past a large tile count and ~16k tokens, under every backend's plan. In the
+#: On a GPU: past a large tile count and ~16k tokens, under every plan kind. In the
 #: interpreter the same cases run reduced (3 tokens, the op's own plan), so the test itself runs
 #: wherever the suite does.
 LARGE_KV_TOKENS = (4097, 16384 + 3) if COMPILED else (3,)
-LARGE_KV_PLANS = BACKENDS if COMPILED else (None,)
+LARGE_KV_PLANS = PLAN_KINDS if COMPILED else (None,)
 
 
 @pytest.mark.parametrize("plan", LARGE_KV_PLANS)

@@ -19,8 +19,8 @@ The AscendC kernel serves bf16/fp16 qkv with weights and biases of the same dtyp
 GPT-J, partial rotary, bias, no-norm, any head counts and ``head_dim <= 256``, the variants
 mRoPE, gated q, v-norm and q-only layers, and the paged KV-cache write
 (``split_qkv_rmsnorm_rope_kv_cache``) into ``nhd`` and ``nz`` caches of qkv's dtype or int8
-(``ascendc.SERVED_FEATURES``, ``ascendc.KV_LAYOUTS``); it needs the CANN-built library (see
-:func:`vllm_ascend_ext.kernels.ascendc.unsupported_reason`). Where the Triton op supports more (fp32,
+(``ascendc_plan.SERVED_FEATURES``, ``ascendc_plan.KV_LAYOUTS``); it needs the CANN-built library (see
+:func:`vllm_ascend_ext.kernels.ascendc_plan.unsupported_reason`). Where the Triton op supports more (fp32,
 mixed weight dtypes, ``head_dim`` up to 512, the cache layouts ``hnd`` and ``cpu_vec``, fp8 and
 fp32 caches), ``auto`` keeps Triton and ``ascendc`` refuses naming what it cannot serve. The
 q/k norm across heads and TP ranks (``"tp_norm"``, ``split_qkv_tp_rmsnorm_rope``) is the Triton
@@ -161,10 +161,10 @@ def ascendc_unavailable_reason(device: torch.device, *, dtype: torch.dtype, head
     cache write's layout and the caches' dtype). With ``kv_cache`` the op looked up is the
     AscendC KV-cache op.
     """
-    from . import ascendc
+    from . import ascendc, ascendc_plan
 
-    reason = ascendc.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
-                                        features=features, kv_cache=kv_cache, kv_dtype=kv_dtype)
+    reason = ascendc_plan.unsupported_reason(dtype, head_dim, weight_dtypes=weight_dtypes, cache_dtype=cache_dtype,
+                                             features=features, kv_cache=kv_cache, kv_dtype=kv_dtype)
     if reason is not None:
         return reason
     key = _dispatch_key(device)
@@ -208,7 +208,7 @@ def choose_impl(device: torch.device, *, dtype: torch.dtype, head_dim: int, key:
         The cos/sin cache's dtype.
     features : frozenset of str
         The call's optional variants (``Call.features``): the Triton op serves them all, the
-        AscendC kernel those :func:`vllm_ascend_ext.kernels.ascendc.unsupported_reason` accepts.
+        AscendC kernel those :func:`vllm_ascend_ext.kernels.ascendc_plan.unsupported_reason` accepts.
     op : str
         The op's name, for the fallback warning and the error.
     kv_cache : vllm_ascend_ext.ops.validation.KVCacheWrite, optional
