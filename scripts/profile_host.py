@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from vllm_ascend_ext.bench import make_inputs
-    from vllm_ascend_ext.bench_host import per_call
+    from vllm_ascend_ext.bench.host import per_call
     from vllm_ascend_ext.ops import launch_cache, split_qkv_rmsnorm_rope
     from vllm_ascend_ext.ops.models import model
 

@@ -30,7 +30,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from vllm_ascend_ext.bench import Timer, copy_replay
-from vllm_ascend_ext.bench_mla import make_mla_case
+from vllm_ascend_ext.bench.mla import make_mla_case
 from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import mla_model

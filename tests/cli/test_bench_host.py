@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_ascend_ext import bench_host
+from vllm_ascend_ext.bench import host as bench_host
 
 ROOT = Path(__file__).resolve().parents[2]
 

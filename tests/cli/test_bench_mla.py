@@ -10,7 +10,7 @@ import torch
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext import bench as core
-from vllm_ascend_ext import bench_mla
+from vllm_ascend_ext.bench import mla as bench_mla
 from vllm_ascend_ext.backends import detect_backend
 from vllm_ascend_ext.ops.models import mla_model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend_ext import bench_mla
+from vllm_ascend_ext.bench import mla as bench_mla
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.tiling import cuda

@@ -58,7 +58,7 @@ def resolve(backend: str, tokens: str | None, providers: str | None,
     known = core.OPS[op]
     cpu_tokens = core.CPU_TOKENS
     if op == MLA_OP:
-        from ..bench_mla import MLA_CPU_TOKENS as cpu_tokens
+        from ..bench.mla import MLA_CPU_TOKENS as cpu_tokens
     counts = parse_int_list(tokens, "--tokens") if tokens is not None else (
         cpu_tokens if backend == "cpu" else core.GPU_TOKENS)
     if providers is not None:
@@ -141,7 +141,7 @@ def run(args) -> int:
     if args.op == MLA_OP:
         return _run_mla(args, device, backend.name, tokens, providers, out)
     if args.host:
-        from ..bench_host import format_host_table, run_host, write_host_outputs
+        from ..bench.host import format_host_table, run_host, write_host_outputs
 
         result = run_host(torch.device("meta") if args.meta else device)
         text = format_host_table(result)
@@ -180,7 +180,7 @@ def _check_mla(args, providers) -> None:
         if args.vllm_source is not None:
             raise CliError(f"--vllm-source is for the vllm provider of --op {MLA_OP}")
         return
-    from .. import bench_mla
+    from ..bench import mla as bench_mla
 
     try:
         bench_mla.load_vllm_kernel(args.vllm_source)
@@ -193,7 +193,7 @@ def _run_mla(args, device, backend_name: str, tokens, providers, out: Path) -> i
     """``--op split_qkv_rmsnorm_rope_mla``: :func:`vllm_ascend_ext.bench_mla.run_mla` behind the bar;
     the vLLM kernel is found (``--vllm-source``, else the installed vLLM) before anything runs."""
     from .. import bench as core
-    from .. import bench_mla
+    from ..bench import mla as bench_mla
 
     if backend_name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "

@@ -82,11 +82,11 @@ def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
 
 def _case(model: str, variant: str, device: torch.device):
     """The direct call, the custom-op call and the unfused eager call of one case (callables)."""
-    from .kernels import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
-    from .bench import make_inputs, unfused_prologue
-    from .ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
+    from ..kernels import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
+    from . import make_inputs, unfused_prologue
+    from ..ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
                       split_qkv_tp_rmsnorm_rope)
-    from .ops.models import model as spec
+    from ..ops.models import model as spec
 
     geometry = spec(model)
     ops = torch.ops.vllm_ascend_ext
@@ -171,7 +171,7 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled))
-    from . import bench
+    from .. import bench
 
     meta = {"mode": "host", "device": bench.run_meta(device, bench.OP)["device"], "calls": calls, "rounds": rounds,
             "tokens": 1, "torch": torch.__version__, "triton": bench.triton_version()}

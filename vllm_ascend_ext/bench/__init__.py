@@ -159,7 +159,7 @@ def detect_device() -> torch.device:
         An NPU, else a CUDA GPU, else the CPU (through the interpreter), as
         :func:`vllm_ascend_ext.backends.detect_backend` finds them.
     """
-    from .backends import detect_backend
+    from ..backends import detect_backend
 
     return torch.device(detect_backend().device)
 
@@ -284,7 +284,7 @@ def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int =
         The op's keyword arguments. Positions stay inside the cache, as the unfused providers
         need.
     """
-    from .ops.reference import make_inputs as reference_inputs
+    from ..ops.reference import make_inputs as reference_inputs
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     return reference_inputs(geometry, tokens, device=device, dtype=dtype, cache_dtype=torch.float32,
@@ -653,7 +653,7 @@ def make_kv_inputs(geometry, tokens: int, device, seed: int = 0) -> tuple[dict, 
         bf16 ``nhd`` caches of :data:`KV_BLOCK_SIZE`-row blocks, sentinel-filled, with room for
         twice the tokens, and one random distinct slot a token (no padding).
     """
-    from .ops.reference import make_kv_cache
+    from ..ops.reference import make_kv_cache
 
     cache = make_kv_cache(geometry, tokens, cache_layout="nhd", dtype=torch.bfloat16, block_size=KV_BLOCK_SIZE,
                           padding=0, device=device, generator=torch.Generator(device="cpu").manual_seed(seed))
@@ -664,8 +664,8 @@ def make_kv_inputs(geometry, tokens: int, device, seed: int = 0) -> tuple[dict, 
 def _kv_providers(names, args: dict, cache: dict, device: torch.device, nbytes: int) -> dict:
     """Each provider of the KV-cache run as a list of zero-argument callables (the fastest counts):
     the copy's configurations, and each other provider as many times (:data:`TIMINGS_PER_ROW`)."""
-    from .ops.split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope as prologue
-    from .ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache as fused
+    from ..ops.split_qkv_rmsnorm_rope import split_qkv_rmsnorm_rope as prologue
+    from ..ops.split_qkv_rmsnorm_rope_kv_cache import split_qkv_rmsnorm_rope_kv_cache as fused
 
     def ours_kv():
         return fused(**args, **cache)
@@ -1166,7 +1166,7 @@ def tp_local_geometry(full, tp: int):
     ``Hq/tp`` q heads, ``max(1, Hkv/tp)`` kv heads (replicated when fewer than the ranks)."""
     from dataclasses import fields, replace
 
-    from .ops.models import AttentionGeometry
+    from ..ops.models import AttentionGeometry
 
     local = {f.name: getattr(full, f.name) for f in fields(AttentionGeometry)}
     return replace(AttentionGeometry(**local), num_q_heads=full.num_q_heads // tp,
@@ -1202,7 +1202,7 @@ def make_tp_inputs(full, tokens: int, tp: int, rank: int, device, seed: int = 0)
     reference : tuple of torch.Tensor
         float64 ``q``, ``k``, ``v`` of this rank's heads.
     """
-    from .ops import reference
+    from ..ops import reference
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     layer = reference.make_tp_inputs(full, tokens, device=device, dtype=torch.bfloat16, max_position=MAX_POSITION,
@@ -1282,7 +1282,7 @@ class _TPTimer:
 
 def _tp_providers(names, args: dict, group, device: torch.device, tokens: int, nbytes: int) -> dict:
     """Each provider of the multi-rank run as a list of zero-argument callables (the fastest counts)."""
-    from .ops.split_qkv_tp_rmsnorm_rope import split_qkv_tp_rmsnorm_rope
+    from ..ops.split_qkv_tp_rmsnorm_rope import split_qkv_tp_rmsnorm_rope
 
     table = {"ours_tp": [functools.partial(split_qkv_tp_rmsnorm_rope, **args, all_reduce=group)],
              "unfused_tp": [functools.partial(unfused_tp, **args, all_reduce=group)]}
@@ -1342,7 +1342,7 @@ def run_tp(device: torch.device, group, tokens=None, providers=None, geometries=
     """
     import torch.distributed as dist
 
-    from .ops.models import model
+    from ..ops.models import model
 
     is_cpu = device.type == "cpu"
     tokens = tuple(tokens or (TP_CPU_TOKENS if is_cpu else GPU_TOKENS))

@@ -42,8 +42,8 @@ from typing import Callable
 
 import torch
 
-from . import bench
-from .bench import (AMORTISED_CALLS, BAR_LARGE_TOKENS, BAR_SMALL_TOKENS, CPU_AMORTISED_CALLS, CPU_DISCLAIMER,
+from .. import bench
+from . import (AMORTISED_CALLS, BAR_LARGE_TOKENS, BAR_SMALL_TOKENS, CPU_AMORTISED_CALLS, CPU_DISCLAIMER,
                     GPU_TOKENS, MAX_POSITION, MLA_OP, MLA_PROVIDERS, TIMINGS_PER_ROW, KVRow)
 
 __all__ = ["MLA_GEOMETRIES", "MLA_OP", "MLA_PROVIDERS", "VLLM_KERNEL_FILE", "find_vllm_source", "format_mla_table",
@@ -305,7 +305,7 @@ def make_mla_case(spec, heads: int, tokens: int, device, seed: int = 0) -> dict:
         ``args`` (the op's keyword arguments), ``kv_cache``, ``slot_mapping``, ``q`` (ours'), and
         ``q_vllm`` (a copy of it for the ``vllm`` provider: each rotates its own in place).
     """
-    from .ops.reference import make_mla_cache, make_mla_inputs
+    from ..ops.reference import make_mla_cache, make_mla_inputs
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     args = make_mla_inputs(spec.q_lora_rank, spec.kv_lora_rank, spec.rope_dim, tokens, device=device,
@@ -321,7 +321,7 @@ def make_mla_case(spec, heads: int, tokens: int, device, seed: int = 0) -> dict:
 def _providers(names, case: dict, kernel, device: torch.device, nbytes: int) -> dict:
     """Each provider as a list of zero-argument callables (the fastest counts): ``copy``'s
     configurations (``copy_replay`` times them), each other one :data:`bench.TIMINGS_PER_ROW` times."""
-    from .ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
+    from ..ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
 
     args, q, q_vllm, kv_cache, slots = (case[k] for k in ("args", "q", "q_vllm", "kv_cache", "slot_mapping"))
 
@@ -381,8 +381,8 @@ def run_mla(device: torch.device, tokens=None, providers=None, geometries=None,
     ValueError
         Naming ``tokens``, ``providers``, ``calls`` or ``vllm_source``.
     """
-    from .ops.models import mla_model
-    from .ops.reference import mla_cache_write, mla_q_rope, split_qkv_rmsnorm_rope_mla
+    from ..ops.models import mla_model
+    from ..ops.reference import mla_cache_write, mla_q_rope, split_qkv_rmsnorm_rope_mla
 
     is_cpu = device.type == "cpu"
     tokens = bench.checked_tokens(tokens or (MLA_CPU_TOKENS if is_cpu else GPU_TOKENS), is_cpu)
