@@ -22,15 +22,17 @@ and allocate, and launch nothing, so the figures are the Python around the launc
 
 from __future__ import annotations
 
-import csv
-import json
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CALLS", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host", "write_host_outputs"]
+from .cases import make_inputs
+from .catalog import OP
+from .harness import run_meta, triton_version
+from .prologue import unfused_prologue
+
+__all__ = ["CALLS", "CASES", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -83,7 +85,6 @@ def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
 def _case(model: str, variant: str, device: torch.device):
     """The direct call, the custom-op call and the unfused eager call of one case (callables)."""
     from ..kernels import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
-    from . import make_inputs, unfused_prologue
     from ..ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
                       split_qkv_tp_rmsnorm_rope)
     from ..ops.models import model as spec
@@ -171,10 +172,8 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled))
-    from .. import bench
-
-    meta = {"mode": "host", "device": bench.run_meta(device, bench.OP)["device"], "calls": calls, "rounds": rounds,
-            "tokens": 1, "torch": torch.__version__, "triton": bench.triton_version()}
+    meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
+            "tokens": 1, "torch": torch.__version__, "triton": triton_version()}
     return {"meta": meta, "rows": rows}
 
 
@@ -190,40 +189,3 @@ def format_host_table(result: dict) -> str:
         lines.append(f"{r.case:22s} {r.op:34s} {cell(r.add_):>6s} {cell(r.unfused):>8s} {cell(r.ours):>6s} "
                      f"{cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s}")
     return "\n".join(lines)
-
-
-def write_host_outputs(result: dict, out_dir: Path, text: str | None = None) -> list[Path]:
-    """``bench_host.csv``, ``.json``, ``.txt`` (the table) and ``.png`` (bars per case) in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records = [asdict(r) for r in result["rows"]]
-    csv_path, json_path = out_dir / "bench_host.csv", out_dir / "bench_host.json"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else [])
-        writer.writeheader()
-        writer.writerows(records)
-    json_path.write_text(json.dumps({"meta": result["meta"], "rows": records}, indent=1))
-    paths = [csv_path, json_path]
-    if text is not None:
-        paths.append(out_dir / "bench_host.txt")
-        paths[-1].write_text(text + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return paths
-    fig, ax = plt.subplots(figsize=(10, 4))
-    names = [f"{r['case']}\n{r['op'].replace('split_qkv_', '')}" for r in records]
-    width = 0.2
-    for i, key in enumerate(("add_", "unfused", "ours", "torch_ops")):
-        ax.bar([x + i * width for x in range(len(records))], [r[key] or 0 for r in records], width, label=key)
-    ax.set_xticks([x + 1.5 * width for x in range(len(records))], names, fontsize=7)
-    ax.set_ylabel("host µs per call (T = 1)")
-    ax.set_title(f"host cost per call, {result['meta']['device']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out_dir / "bench_host.png"
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return paths + [png]

@@ -1,7 +1,7 @@
 """The profiled workload: one provider of the benchmark, run a fixed number of times.
 
 ``python -m vllm_ascend_ext.cli.workload --provider ours --model Qwen3-8B --tokens 4096`` builds
-the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.make_inputs`, the
+the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.cases.make_inputs`, the
 generator of ``ops.reference``), warms the
 provider up (compilation, autotuning, caches), synchronises, runs it ``--iterations`` times and
 synchronises again. It is what ``scripts/profile_msprof.sh`` runs under msprof and what
@@ -27,7 +27,7 @@ from .geometry import resolve_model, shard_checked
 __all__ = ["main", "make_call", "sidecar", "synchronize"]
 
 PROVIDERS = ("eager", "compile", "ours")
-DTYPE = "bf16"  # what vllm_ascend_ext.bench.make_inputs builds by default
+DTYPE = "bf16"  # what vllm_ascend_ext.bench.cases.make_inputs builds by default
 CACHE_DTYPE = "fp32"
 
 
@@ -52,18 +52,19 @@ def make_call(provider: str, model: str, tp: int, tokens: int, device):
     """
     import torch
 
-    from .. import bench as core
+    from ..bench.cases import make_inputs
+    from ..bench.prologue import unfused_prologue
 
     if provider not in PROVIDERS:
         raise CliError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     geometry, _ = shard_checked(resolve_model(model), tp)
-    inputs = core.make_inputs(geometry, tokens, device)
+    inputs = make_inputs(geometry, tokens, device)
     if provider == "ours":
         from ..ops import split_qkv_rmsnorm_rope as fn
     elif provider == "compile":
-        fn = torch.compile(core.unfused_prologue, dynamic=False)
+        fn = torch.compile(unfused_prologue, dynamic=False)
     else:
-        fn = core.unfused_prologue
+        fn = unfused_prologue
     return lambda: fn(**inputs)
 
 
