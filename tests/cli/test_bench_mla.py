@@ -10,10 +10,10 @@ import torch
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.bench import cases, catalog, harness, mla, report
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.devices import detect_device
 from vllm_ascend_ext.ops.models import mla_model
 
-pytestmark = pytest.mark.skipif(detect_backend().name != "cpu", reason="sizes chosen for the CPU interpreter")
+pytestmark = pytest.mark.skipif(detect_device().name != "cpu", reason="sizes chosen for the CPU interpreter")
 
 OP = catalog.MLA_OP
 ONE_LAYER = (("Kimi-K2", 8),)  # q latent 1536 (three chunks), 8 q heads: the quickest with a q latent

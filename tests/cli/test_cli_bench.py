@@ -12,11 +12,11 @@ import torch
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.bench import cases, catalog, harness, kv_cache, prologue, report, timing
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.devices import detect_device
 from vllm_ascend_ext.cli.common import Progress
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, AttentionGeometry, model
 
-pytestmark = pytest.mark.skipif(detect_backend().name != "cpu", reason="sizes chosen for the CPU interpreter")
+pytestmark = pytest.mark.skipif(detect_device().name != "cpu", reason="sizes chosen for the CPU interpreter")
 
 
 def test_cpu_bench_checks_times_and_writes_outputs(cli, tmp_path, monkeypatch):
@@ -125,7 +125,7 @@ def test_malformed_environment_is_refused_before_measuring(cli, tmp_path, monkey
 
 @pytest.mark.parametrize("backend, device", [("cuda", "CUDA GPU"), ("npu", "Ascend NPU")])
 def test_absent_device_is_one_line_pointing_at_doctor(cli, tmp_path, no_measuring, backend, device):
-    from vllm_ascend_ext.backends import unavailable_reason
+    from vllm_ascend_ext.devices import unavailable_reason
 
     if unavailable_reason(backend) is None:
         pytest.skip(f"this machine has a {device}")

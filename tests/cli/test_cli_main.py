@@ -54,8 +54,8 @@ def test_python_dash_m_runs_the_same_command():
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_ascend_ext"
 #: The modules this test holds to the layering rules: the command line, the benchmark library (its
-#: package and every module in it) and the backend probe they share.
-LAYERED = ("vllm_ascend_ext.bench", "vllm_ascend_ext.backends")
+#: package and every module in it) and the device probe (vllm_ascend_ext.devices).
+LAYERED = ("vllm_ascend_ext.bench", "vllm_ascend_ext.devices")
 
 
 def _layered(name: str) -> bool:
@@ -128,9 +128,9 @@ def test_the_library_layers_never_import_the_command_line():
     assert "vllm_ascend_ext.bench.harness" in layered
     for name in layered:
         assert not [t for t in graph[name] if t.startswith("vllm_ascend_ext.cli")], name
-    code = ("import sys, pkgutil, importlib, vllm_ascend_ext.bench as b, vllm_ascend_ext.backends as d; "
+    code = ("import sys, pkgutil, importlib, vllm_ascend_ext.bench as b, vllm_ascend_ext.devices as d; "
             "[importlib.import_module(f'vllm_ascend_ext.bench.{m.name}') for m in pkgutil.iter_modules(b.__path__)]; "
-            "d.detect_backend(); print(sorted(m for m in sys.modules if m.startswith('vllm_ascend_ext.cli')))")
+            "d.detect_device(); print(sorted(m for m in sys.modules if m.startswith('vllm_ascend_ext.cli')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -17,7 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .common import BACKENDS, CliError, Progress, check_settings, output_dir, usable_backend
+from ..devices import DEVICE_NAMES
+from .common import CliError, Progress, check_settings, output_dir, usable_device
 from .geometry import parse_int_list
 
 __all__ = ["DEFAULT_OUT", "OP_NAMES", "add_parser", "resolve", "run"]
@@ -102,7 +103,7 @@ def add_parser(subparsers) -> None:
                              "without vLLM (only the @triton.jit kernel is loaded from it; nothing of vLLM is "
                              "copied into this project); default: the installed vLLM")
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
+    parser.add_argument("--backend", choices=DEVICE_NAMES, metavar="BACKEND",
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
     parser.add_argument("--host", action="store_true",
                         help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
@@ -119,9 +120,9 @@ def run(args) -> int:
     """Check, then measure, then print and write; exit status 1 when a check against the reference fails."""
     if args.meta and not args.host:
         raise CliError("--meta is a flag of --host")
-    backend = usable_backend(args.backend)
+    backend = usable_device(args.backend)
     tokens, providers = resolve(backend.name, args.tokens, args.providers, args.op)
-    from ..backends import ensure_interpreter
+    from ..devices import ensure_interpreter
 
     ensure_interpreter(backend)
     check_settings()
@@ -136,7 +137,7 @@ def run(args) -> int:
     from ..bench import kv_cache, prologue, report
     from ..ops.models import BENCH_GEOMETRIES
 
-    device = torch.device(backend.device)
+    device = torch.device(backend.torch_device)
     if args.op == MLA_OP:
         return _run_mla(args, device, backend.name, tokens, providers, out)
     if args.host:

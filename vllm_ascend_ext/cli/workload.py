@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..backends import ensure_interpreter
+from ..devices import DEVICE_NAMES, ensure_interpreter
 from ..ops.settings import SettingError
-from .common import BACKENDS, CliError, CliParser, check_settings, output_dir, usable_backend
+from .common import CliError, CliParser, check_settings, output_dir, usable_device
 from .geometry import resolve_model, shard_checked
 
 __all__ = ["main", "make_call", "sidecar", "synchronize"]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--backend", choices=BACKENDS, help="default: detected")
+    parser.add_argument("--backend", choices=DEVICE_NAMES, help="default: detected")
     parser.add_argument("--out", help="write workload.json here")
     args = parser.parse_args(argv)
     try:
@@ -108,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise CliError(f"--{name} must be a positive integer, got {getattr(args, name)}")
         if args.warmup < 0:
             raise CliError(f"--warmup must be non-negative, got {args.warmup}")
-        backend = usable_backend(args.backend)
+        backend = usable_device(args.backend)
         ensure_interpreter(backend)
         check_settings()
         out = output_dir(args.out, "--out") if args.out else None
         import torch
 
-        device = torch.device(backend.device)
+        device = torch.device(backend.torch_device)
         call = make_call(args.provider, args.model, args.tp, args.tokens, device)
         for _ in range(args.warmup):
             call()
