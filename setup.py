@@ -80,6 +80,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         python_requires=">=3.10",
         packages=[
             "vllm_ascend_ext",
+            "vllm_ascend_ext.bench",
             "vllm_ascend_ext.cli",
             "vllm_ascend_ext.hook",
             "vllm_ascend_ext.kernels",

@@ -34,8 +34,8 @@ __all__ = [
     "AscendFacts",
     "CudaFacts",
     "ascend_facts",
-    "backend_of",
     "cuda_facts",
+    "device_kind",
 ]
 
 DEFAULT_SOC = settings.DEFAULT_SOC
@@ -79,8 +79,10 @@ class CudaFacts:
     dependent_launch: bool = False
 
 
-def backend_of(device: torch.device | str) -> str:
-    """Name the plan family for ``device``: ``"ascend"``, ``"cuda"`` or ``"cpu"``."""
+def device_kind(device: torch.device | str) -> str:
+    """The kind of device ``device`` is, as the launch plans and the device facts tell them apart:
+    ``"ascend"`` (an NPU: torch's ``npu`` or ``privateuseone``), ``"cuda"``, or ``"cpu"`` (anything
+    else)."""
     kind = torch.device(device).type
     if kind == "cuda":
         return "cuda"

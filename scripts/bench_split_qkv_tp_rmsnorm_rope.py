@@ -8,7 +8,7 @@ tensor, norm, RoPE) and ``copy+allreduce`` (a copy of the op's bytes plus a bare
 [T, 2] fp32). On CUDA each call is captured in a CUDA graph with its collective (eager calls timed
 with events if the capture fails: the table says so). Every rank prints its rows; rank 0 prints
 the table and issue 12's bar lines and writes ``bench_split_qkv_tp_rmsnorm_rope.{txt,csv,json}``
-under ``--out``. The library is :func:`vllm_ascend_ext.bench.run_tp_ranks`.
+under ``--out``. The library is :func:`vllm_ascend_ext.bench.tp.run_tp_ranks`.
 
     python3 scripts/bench_split_qkv_tp_rmsnorm_rope.py --ranks 2 --out results/bench-tp
     python3 scripts/bench_split_qkv_tp_rmsnorm_rope.py --backend cpu --ranks 2 --tokens 1,5 --geometry 4/2/16/8
@@ -44,7 +44,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="folder of the txt/csv/json (rank 0 writes them)")
     args = parser.parse_args(argv)
 
-    from vllm_ascend_ext import bench
+    from vllm_ascend_ext.bench.catalog import TP_MODEL
+    from vllm_ascend_ext.bench.harness import check_rows
+    from vllm_ascend_ext.bench.tp import run_tp_ranks
     from vllm_ascend_ext.ops.models import model
 
     try:
@@ -55,10 +57,10 @@ def main(argv=None) -> int:
     if args.geometry is not None:
         geometries = (("custom", args.geometry),)
     else:
-        name = args.model or bench.TP_MODEL
+        name = args.model or TP_MODEL
         geometries = ((name, model(name)),)
-    result = bench.run_tp_ranks(args.ranks, args.backend, tokens, providers, geometries, args.out, args.reps)
-    return 1 if bench.check_rows(result["rows"]) else 0
+    result = run_tp_ranks(args.ranks, args.backend, tokens, providers, geometries, args.out, args.reps)
+    return 1 if check_rows(result["rows"]) else 0
 
 
 if __name__ == "__main__":

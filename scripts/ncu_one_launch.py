@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from vllm_ascend_ext.bench import make_inputs
+from vllm_ascend_ext.bench.cases import make_inputs
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model
 

@@ -24,8 +24,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
 
-    from vllm_ascend_ext.bench import make_inputs
-    from vllm_ascend_ext.bench_host import per_call
+    from vllm_ascend_ext.bench.cases import make_inputs
+    from vllm_ascend_ext.bench.host import per_call
     from vllm_ascend_ext.ops import launch_cache, split_qkv_rmsnorm_rope
     from vllm_ascend_ext.ops.models import model
 

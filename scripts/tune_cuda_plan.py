@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_ascend_ext.bench import Timer, bytes_moved, copy_bandwidth, launch_floor, make_inputs
+from vllm_ascend_ext.bench.cases import bytes_moved, make_inputs
+from vllm_ascend_ext.bench.timing import Timer, copy_bandwidth, launch_floor
 from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope, tiling
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, model

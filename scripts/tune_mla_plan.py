@@ -29,8 +29,8 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
-from vllm_ascend_ext.bench import Timer, copy_replay
-from vllm_ascend_ext.bench_mla import make_mla_case
+from vllm_ascend_ext.bench.cases import make_mla_case
+from vllm_ascend_ext.bench.timing import Timer, copy_replay
 from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import mla_model
@@ -42,7 +42,7 @@ ROWS = (("DeepSeek-V3", 1), ("Kimi-K2", 8), ("DeepSeek-V2-Lite", 1))
 
 def _bytes(spec, heads: int, tokens: int) -> tuple[int, int]:
     """Fewest bytes of the prologue (with the cache write) and of the q side, bf16 data, an fp32 cos/sin
-    row of ``rope_dim`` a token each (``bench_mla.mla_bytes_moved`` is their sum)."""
+    row of ``rope_dim`` a token each (``bench.cases.mla_bytes_moved`` is their sum)."""
     lq, lkv, r = spec.q_lora_rank, spec.kv_lora_rank, spec.rope_dim
     prologue = tokens * (2 * ((lq + lkv + r) + (lq + lkv + r) + (lkv + r)) + r * 4) + 2 * (lq + lkv)
     q_side = tokens * (2 * 2 * heads * r + r * 4)

@@ -63,7 +63,7 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
         if num_tokens is None:
             return cuda.plan(shape, facts)
         return cuda.plan_for_tokens(shape, facts, num_tokens)
-    native = _device.backend_of(device)
+    native = _device.device_kind(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.plan(shape, _device.ascend_facts(index))
 
@@ -79,7 +79,7 @@ def mla_plan_for(device: torch.device, shape: MLAShape) -> MLAPlan:
     facts = _cuda_facts_for(device)
     if facts is not None:
         return cuda.mla_plan(shape, facts)
-    native = _device.backend_of(device)
+    native = _device.device_kind(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.mla_plan(shape, _device.ascend_facts(index))
 
@@ -92,7 +92,7 @@ def sums_plan_for(device: torch.device, shape: KernelShape) -> SumsPlan:
     facts = _cuda_facts_for(device)
     if facts is not None:
         return cuda.sums_plan(shape, facts)
-    native = _device.backend_of(device)
+    native = _device.device_kind(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.sums_plan(shape, _device.ascend_facts(index))
 
@@ -111,7 +111,7 @@ def warm_up_token_counts(device: torch.device, shape: KernelShape) -> tuple[int,
 def _cuda_facts_for(device: torch.device) -> _device.CudaFacts | None:
     """The GPU facts :func:`plan_for` plans ``device`` with when it picks a CUDA plan (a CUDA
     device, or any device under ``forced("cuda")``); ``None`` when it picks the Ascend plan."""
-    native = _device.backend_of(device)
+    native = _device.device_kind(device)
     if (_forced_backend or ("cuda" if native == "cuda" else "ascend")) != "cuda":
         return None
     index = None

@@ -9,21 +9,29 @@ from pathlib import Path
 
 import torch
 
-from vllm_ascend_ext import bench_host
+from vllm_ascend_ext.bench import host, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_host_mode_writes_its_table(tmp_path):
-    result = bench_host.run_host(torch.device("cpu"), cases=bench_host.CASES[:1] + bench_host.CASES[-1:], calls=1)
+    """The prologue, the TP norm and both MLA launches on the CPU: each op timed directly and
+    through torch.ops, ``-`` where a column does not apply, and the files."""
+    cases = (host.CASES[0], *[c for c in host.CASES if c[2] in ("tp", "mla", "mla_q_rope")])
+    result = host.run_host(torch.device("cpu"), cases=cases, calls=1)
     rows = result["rows"]
-    assert [r.op for r in rows] == ["split_qkv_rmsnorm_rope", "split_qkv_tp_rmsnorm_rope"]
-    assert all(r.ours > 0 and r.torch_ops > 0 and r.add_ > 0 for r in rows)
-    assert rows[0].unfused > 0 and rows[1].unfused is None
-    text = bench_host.format_host_table(result)
-    paths = bench_host.write_host_outputs(result, tmp_path, text=text)
+    assert [r.op for r in rows] == ["split_qkv_rmsnorm_rope", "split_qkv_tp_rmsnorm_rope", "split_qkv_rmsnorm_rope_mla",
+                                    "mla_q_rope_"]
+    assert all(r.ours > 0 and r.torch_ops > 0 and r.add_ > 0 and r.compiled_delta is None for r in rows)
+    assert rows[0].unfused > 0 and all(r.unfused is None for r in rows[1:])
+    text = host.format_host_table(result)
+    mla_lines = [line.split() for line in text.splitlines() if line.startswith("DeepSeek-V3 TP8 (MLA)")]
+    assert [(line[3], line[5], line[8]) for line in mla_lines] == [("split_qkv_rmsnorm_rope_mla", "-", "-"),
+                                                                    ("mla_q_rope_", "-", "-")]
+    paths = report.write_host_outputs(result, tmp_path, text=text)
     assert {p.name for p in paths} >= {"bench_host.csv", "bench_host.json", "bench_host.txt"}
-    assert json.loads((tmp_path / "bench_host.json").read_text())["meta"]["tokens"] == 1
+    saved = json.loads((tmp_path / "bench_host.json").read_text())
+    assert saved["meta"]["tokens"] == 1 and [r["op"] for r in saved["rows"]] == [r.op for r in rows]
     assert all(p.parent == tmp_path for p in tmp_path.iterdir())
 
 
@@ -33,11 +41,15 @@ def test_meta_host_mode_runs_the_real_path_without_launching():
     from vllm_ascend_ext.ops import launch_cache
 
     launch_cache.clear()
-    result = bench_host.run_host(torch.device("meta"), calls=2, rounds=1)
-    assert len(result["rows"]) == len(bench_host.CASES) and result["meta"]["device"] == "meta"
+    result = host.run_host(torch.device("meta"), calls=2, rounds=1)
+    assert len(result["rows"]) == len(host.CASES) and result["meta"]["device"] == "meta"
     assert all(r.ours > 0 and r.torch_ops > 0 for r in result["rows"])
+    assert {r.op for r in result["rows"]} >= {"split_qkv_rmsnorm_rope_mla", "mla_q_rope_"}
     stats = launch_cache.stats()
     assert stats["impl.split_qkv_rmsnorm_rope"][2] > 0  # torch.ops reached the selector, not the fake
+    # The MLA ops have no selector: each direct call (3 warm-ups + 2) is one lookup of its launch cache,
+    # so more hits than those mean torch.ops reached the op too.
+    assert stats["split_qkv_rmsnorm_rope_mla"][2] > 5 and stats["mla_q_rope_"][2] > 5
 
 
 def test_profile_host_script_runs():

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from cli_helpers import assert_one_line_error
-from vllm_ascend_ext import bench as core
-from vllm_ascend_ext import bench_mla
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.bench import cases, catalog, harness, mla, report
+from vllm_ascend_ext.devices import detect_device
 from vllm_ascend_ext.ops.models import mla_model
 
-pytestmark = pytest.mark.skipif(detect_backend().name != "cpu", reason="sizes chosen for the CPU interpreter")
+pytestmark = pytest.mark.skipif(detect_device().name != "cpu", reason="sizes chosen for the CPU interpreter")
 
-OP = bench_mla.MLA_OP
+OP = catalog.MLA_OP
 ONE_LAYER = (("Kimi-K2", 8),)  # q latent 1536 (three chunks), 8 q heads: the quickest with a q latent
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +34,7 @@ def _vllm_sources() -> list:
 
 @pytest.fixture
 def one_layer(monkeypatch):
-    monkeypatch.setattr(bench_mla, "MLA_GEOMETRIES", ONE_LAYER)
+    monkeypatch.setattr(catalog, "MLA_GEOMETRIES", ONE_LAYER)
 
 
 def test_cli_mla_bench_checks_times_and_writes(cli, tmp_path, one_layer):
@@ -46,29 +45,29 @@ def test_cli_mla_bench_checks_times_and_writes(cli, tmp_path, one_layer):
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == [f"bench_{OP}.{ext}" for ext in ("csv", "json", "txt")]
     text = (tmp_path / "out" / f"bench_{OP}.txt").read_text()
-    assert text.rstrip("\n") in result.out and core.CPU_DISCLAIMER in text and "bar:" not in text
+    assert text.rstrip("\n") in result.out and report.CPU_DISCLAIMER in text and "bar:" not in text
     saved = json.loads((tmp_path / "out" / f"bench_{OP}.json").read_text())
     assert saved["meta"]["op"] == OP and saved["meta"]["peer"] is None
     rows = saved["rows"]
     assert [(r["model"], r["tp"], r["provider"]) for r in rows] == [("Kimi-K2", 8, "ours"), ("Kimi-K2", 8, "copy")]
-    assert 0 < rows[0]["max_rel_err"] <= core.TOLERANCE[torch.bfloat16] and rows[0]["us_amortised"] > 0
-    assert rows[0]["bytes"] == rows[1]["bytes"] == bench_mla.mla_bytes_moved(mla_model("Kimi-K2"), 8, 1)
+    assert 0 < rows[0]["max_rel_err"] <= harness.TOLERANCE[torch.bfloat16] and rows[0]["us_amortised"] > 0
+    assert rows[0]["bytes"] == rows[1]["bytes"] == cases.mla_bytes_moved(mla_model("Kimi-K2"), 8, 1)
 
 
 @pytest.mark.parametrize("source", _vllm_sources())
 def test_vllm_provider_runs_vllms_kernel(source):
     """Both layers' forms (q latent, and none) with vLLM's kernel loaded from its file: ours and the
     peer against the float64 reference (the peer rounds differently: within 4x our tolerance)."""
-    result = bench_mla.run_mla(torch.device("cpu"), tokens=(3,), providers=("ours", "vllm"), reps=1, calls=1,
+    result = mla.run_mla(torch.device("cpu"), tokens=(3,), providers=("ours", "vllm"), reps=1, calls=1,
                                geometries=ONE_LAYER + (("DeepSeek-V2-Lite", 1),), vllm_source=source)
     rows = result["rows"]
     assert [(r.model, r.provider) for r in rows] == [
         ("Kimi-K2", "ours"), ("Kimi-K2", "vllm"), ("DeepSeek-V2-Lite", "ours"), ("DeepSeek-V2-Lite", "vllm")]
-    assert all(0 < r.max_rel_err <= (1 if r.provider == "ours" else 4) * core.TOLERANCE[torch.bfloat16]
+    assert all(0 < r.max_rel_err <= (1 if r.provider == "ours" else 4) * harness.TOLERANCE[torch.bfloat16]
                for r in rows)
-    assert core.check_rows(rows) == []
+    assert harness.check_rows(rows) == []
     assert "fused_qk_rmsnorm.py" in result["meta"]["peer"] and "PyTorch" in result["meta"]["peer"]
-    table = bench_mla.format_mla_table(result)
+    table = mla.format_mla_table(result)
     assert f"vllm: {result['meta']['peer']}" in table
 
 
@@ -81,30 +80,30 @@ def test_vllm_launch_is_vllms():
         q_out, kv_out = torch.empty(5, width_q), torch.empty(5, 512)
         spec = type(module._FUSED_Q_KV_RMSNORM_KERNEL).__call__.__wrapped__(
             module._FUSED_Q_KV_RMSNORM_KERNEL, q_c, kv_c, q_out, kv_out, q_out[0], kv_out[0], 1e-6)
-        assert bench_mla.vllm_launch_spec(q_c, kv_c, q_out, kv_out, launch_pdl=False) == spec
+        assert mla.vllm_launch_spec(q_c, kv_c, q_out, kv_out, launch_pdl=False) == spec
 
 
 def test_check_fails_when_q_is_not_rotated(monkeypatch):
     from vllm_ascend_ext import ops
 
     monkeypatch.setattr(ops, "mla_q_rope_", lambda q, *args, **kwargs: q)
-    result = bench_mla.run_mla(torch.device("cpu"), tokens=(1,), providers=("ours",), reps=1, calls=1,
+    result = mla.run_mla(torch.device("cpu"), tokens=(1,), providers=("ours",), reps=1, calls=1,
                                geometries=(("DeepSeek-V2-Lite", 1),))
-    assert [line.split(":")[0] for line in core.check_rows(result["rows"])] == ["DeepSeek-V2-Lite tp1 T=1 ours"]
+    assert [line.split(":")[0] for line in harness.check_rows(result["rows"])] == ["DeepSeek-V2-Lite tp1 T=1 ours"]
 
 
 def test_bytes_of_both_launches():
     spec = mla_model("DeepSeek-V3")
     per_token = 2 * (2112 + 2112 + 576 + 2 * 16 * 64) + 2 * 64 * 4
-    assert bench_mla.mla_bytes_moved(spec, 16, 7) == 7 * per_token + 2 * 2048
-    assert bench_mla.mla_bytes_moved(mla_model("DeepSeek-V2-Lite"), 16, 1) == 2 * (576 + 576 + 576 + 2048) + 512 + 1024
+    assert cases.mla_bytes_moved(spec, 16, 7) == 7 * per_token + 2 * 2048
+    assert cases.mla_bytes_moved(mla_model("DeepSeek-V2-Lite"), 16, 1) == 2 * (576 + 576 + 576 + 2048) + 512 + 1024
 
 
 def test_bar_verdict_both_modes():
     def row(tokens, provider, us, us_amortised):
-        return core.KVRow("m", 1, "g", tokens, provider, us, us_amortised, 20, 0.0, 1)
+        return harness.KVRow("m", 1, "g", tokens, provider, us, us_amortised, 20, 0.0, 1)
 
-    lines = bench_mla.mla_bar_verdict({"meta": {"op": OP, "amortised_calls": 20}, "rows": [
+    lines = mla.mla_bar_verdict({"meta": {"op": OP, "amortised_calls": 20}, "rows": [
         row(1, "ours", 6.0, 3.0), row(1, "vllm", 10.0, 3.5), row(64, "ours", 7.0, 3.0), row(64, "vllm", 10.0, 5.0),
         row(4096, "ours", 30.0, 29.0), row(4096, "copy", 27.0, 24.0), row(256, "ours", 9.0, 9.0)]})
     assert lines == [
@@ -122,7 +121,7 @@ def no_measuring(monkeypatch):
     def measured(*args, **kwargs):
         raise AssertionError("the benchmark ran")
 
-    monkeypatch.setattr(bench_mla, "run_mla", measured)
+    monkeypatch.setattr(mla, "run_mla", measured)
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -140,4 +139,4 @@ def test_bad_arguments_are_one_line_errors_before_anything_is_written(cli, tmp_p
 def test_op_is_listed():
     from vllm_ascend_ext.cli.bench import OP_NAMES
 
-    assert OP in OP_NAMES and core.OPS[OP] == bench_mla.MLA_PROVIDERS == core.default_providers("cpu", OP)
+    assert OP in OP_NAMES and catalog.OPS[OP] == catalog.MLA_PROVIDERS == catalog.default_providers("cpu", OP)

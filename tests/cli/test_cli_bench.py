@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from cli_helpers import assert_one_line_error
-from vllm_ascend_ext import bench as core
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.bench import cases, catalog, harness, kv_cache, prologue, report, timing
+from vllm_ascend_ext.devices import detect_device
 from vllm_ascend_ext.cli.common import Progress
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, AttentionGeometry, model
 
-pytestmark = pytest.mark.skipif(detect_backend().name != "cpu", reason="sizes chosen for the CPU interpreter")
+pytestmark = pytest.mark.skipif(detect_device().name != "cpu", reason="sizes chosen for the CPU interpreter")
 
 
 def test_cpu_bench_checks_times_and_writes_outputs(cli, tmp_path, monkeypatch):
@@ -80,7 +80,8 @@ def test_progress_bar_redraws_in_place_on_a_terminal():
 
 def test_bar_verdict_holds_each_over_bar_row_against_the_same_bytes_copy():
     """Rows over issue 2's bar are listed with what a plain copy of their bytes reached."""
-    from vllm_ascend_ext.bench import Row, bar_verdict
+    from vllm_ascend_ext.bench.harness import Row
+    from vllm_ascend_ext.bench.prologue import bar_verdict
 
     def row(tokens, provider, us, copy_us, floor_us=10.0, launch_us=4.0):
         return Row("m", 1, "g", tokens, provider, us, 0.0, 0, floor_us, launch_us, copy_us)
@@ -103,7 +104,8 @@ def no_measuring(monkeypatch):
     def measured(*args, **kwargs):
         raise AssertionError("the benchmark ran")
 
-    monkeypatch.setattr(core, "run", measured)
+    monkeypatch.setattr(prologue, "run", measured)
+    monkeypatch.setattr(kv_cache, "run_kv_cache", measured)
 
 
 def test_unwritable_out_is_refused_before_measuring(cli, tmp_path, no_measuring):
@@ -123,7 +125,7 @@ def test_malformed_environment_is_refused_before_measuring(cli, tmp_path, monkey
 
 @pytest.mark.parametrize("backend, device", [("cuda", "CUDA GPU"), ("npu", "Ascend NPU")])
 def test_absent_device_is_one_line_pointing_at_doctor(cli, tmp_path, no_measuring, backend, device):
-    from vllm_ascend_ext.backends import unavailable_reason
+    from vllm_ascend_ext.devices import unavailable_reason
 
     if unavailable_reason(backend) is None:
         pytest.skip(f"this machine has a {device}")
@@ -143,8 +145,8 @@ def test_the_bar_ends_when_the_library_returns(cli, tmp_path, monkeypatch):
         return {"rows": [], "meta": {"device": "cpu", "copy_bandwidth_GBps": float("nan"),
                                      "launch_floor_us": float("nan")}}
 
-    monkeypatch.setattr(core, "run", fake_run)
-    monkeypatch.setattr(core, "plot", lambda result, path: None)
+    monkeypatch.setattr(prologue, "run", fake_run)
+    monkeypatch.setattr(report, "plot", lambda result, path: None)
     result = cli("bench", "--tokens", "2,3", "--providers", "eager,ours", "--out", tmp_path)
     assert result.code == 0, result.err
     assert seen == {"device": torch.device("cpu"), "tokens": (2, 3), "providers": ("eager", "ours")}
@@ -154,7 +156,15 @@ def test_the_bar_ends_when_the_library_returns(cli, tmp_path, monkeypatch):
 
 
 def test_library_has_no_command_line_of_its_own():
-    assert not hasattr(core, "main") and "argparse" not in core.__dict__
+    import importlib
+    import pkgutil
+
+    from vllm_ascend_ext import bench
+
+    modules = [importlib.import_module(f"vllm_ascend_ext.bench.{m.name}") for m in pkgutil.iter_modules(bench.__path__)]
+    assert prologue in modules and len(modules) >= 10
+    for module in [bench, *modules]:
+        assert not hasattr(module, "main") and "argparse" not in module.__dict__, module.__name__
 
 
 def test_script_is_the_bench_subcommand():
@@ -181,16 +191,17 @@ def test_check_is_against_the_float64_reference(monkeypatch):
         return real(**kwargs)
 
     monkeypatch.setattr(reference, "split_qkv_rmsnorm_rope", spy)
-    result = core.run(torch.device("cpu"), tokens=(3,), providers=("eager", "ours"), geometries=(("Qwen3-32B", 8),),
-                      reps=1)
+    result = prologue.run(torch.device("cpu"), tokens=(3,), providers=("eager", "ours"),
+                          geometries=(("Qwen3-32B", 8),), reps=1)
     assert len(calls) == 1
     rows = {row.provider: row for row in result["rows"]}
-    assert rows["ours"].max_rel_err <= core.TOLERANCE[torch.bfloat16]
-    assert 0 < rows["eager"].max_rel_err <= 4 * core.TOLERANCE[torch.bfloat16]  # eager rounds after the norm
-    assert core.check_rows(result["rows"]) == []
+    assert rows["ours"].max_rel_err <= harness.TOLERANCE[torch.bfloat16]
+    assert 0 < rows["eager"].max_rel_err <= 4 * harness.TOLERANCE[torch.bfloat16]  # eager rounds after the norm
+    assert harness.check_rows(result["rows"]) == []
     monkeypatch.setattr(reference, "split_qkv_rmsnorm_rope", lambda **kwargs: tuple(2 * t for t in real(**kwargs)))
-    result = core.run(torch.device("cpu"), tokens=(3,), providers=("ours",), geometries=(("Qwen3-32B", 8),), reps=1)
-    assert len(core.check_rows(result["rows"])) == 1
+    result = prologue.run(torch.device("cpu"), tokens=(3,), providers=("ours",), geometries=(("Qwen3-32B", 8),),
+                          reps=1)
+    assert len(harness.check_rows(result["rows"])) == 1
 
 
 def test_inputs_come_from_the_reference_generator():
@@ -198,26 +209,27 @@ def test_inputs_come_from_the_reference_generator():
     from vllm_ascend_ext.ops.models import model
 
     geometry = model("Qwen3-8B").shard(8)
-    ours = core.make_inputs(geometry, 5, "cpu", seed=7)
+    ours = cases.make_inputs(geometry, 5, "cpu", seed=7)
     theirs = reference.make_inputs(geometry, 5, device="cpu", dtype=torch.bfloat16, cache_dtype=torch.float32,
-                                   max_position=core.MAX_POSITION, out_of_range=False,
+                                   max_position=catalog.MAX_POSITION, out_of_range=False,
                                    generator=torch.Generator().manual_seed(7))
     assert ours.keys() == theirs.keys()
     for key, value in ours.items():
         assert torch.equal(value, theirs[key]) if isinstance(value, torch.Tensor) else value == theirs[key]
-    assert 0 <= int(ours["positions"].min()) and int(ours["positions"].max()) < core.MAX_POSITION
+    assert 0 <= int(ours["positions"].min()) and int(ours["positions"].max()) < catalog.MAX_POSITION
 
 
 def test_run_records_the_interpreter_as_settings_read_it(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "true")
-    result = core.run(torch.device("cpu"), tokens=(1,), providers=("ours",), geometries=(("Qwen3-32B", 8),), reps=1)
+    result = prologue.run(torch.device("cpu"), tokens=(1,), providers=("ours",), geometries=(("Qwen3-32B", 8),),
+                          reps=1)
     assert result["meta"]["interpreter"] is True
 
 
 @pytest.mark.parametrize("kwargs, name", [({"tokens": (0,)}, "tokens"), ({"providers": ("fast",)}, "providers")])
 def test_run_refuses_bad_arguments_by_name(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        core.run(torch.device("cpu"), **({"tokens": (1,), "providers": ("ours",)} | kwargs))
+        prologue.run(torch.device("cpu"), **({"tokens": (1,), "providers": ("ours",)} | kwargs))
 
 
 # --- The KV-cache run (issue 11): the scatter baseline, the bytes, both timing modes, the bar ---
@@ -243,7 +255,7 @@ def test_scatter_kv_writes_each_slot_and_nothing_else(geometry, tokens, cache_dt
     want = kv_cache_write(cache["key_cache"], cache["value_cache"], k, v, cache["slot_mapping"],
                           geometry.num_kv_heads, geometry.head_dim)
     assert int((cache["slot_mapping"] < 0).sum()) == 2 and len(set(cache["slot_mapping"].tolist())) == tokens - 1
-    core.scatter_kv(k, v, cache["key_cache"], cache["value_cache"], cache["slot_mapping"])
+    kv_cache.scatter_kv(k, v, cache["key_cache"], cache["value_cache"], cache["slot_mapping"])
     assert torch.equal(cache["key_cache"].double(), want[0])
     assert torch.equal(cache["value_cache"].double(), want[1])
 
@@ -271,53 +283,53 @@ def test_scatter_kv_refuses_bad_arguments_by_name(changes, name):
     args = _scatter_args(**changes)
     before = args["key_cache"].clone()
     with pytest.raises(ValueError, match=name):
-        core.scatter_kv(**args)
+        kv_cache.scatter_kv(**args)
     assert torch.equal(args["key_cache"], before)
 
 
 def test_kv_bytes_read_and_write_v_and_write_k_into_the_cache():
     plain, vnorm = model("Qwen3-8B").shard(1), model("Gemma-4-31B:sliding").shard(1)
-    assert core.bytes_moved(plain, 7, kv_cache=True) == 7 * (2 * (32 + 2 * 8) * 128 * 2 + 128 * 4)
-    assert core.bytes_moved(plain, 7, kv_cache=True) - core.bytes_moved(plain, 7) == 7 * 2 * 8 * 128 * 2
-    assert core.bytes_moved(vnorm, 7, kv_cache=True) == core.bytes_moved(vnorm, 7)  # v already counted
+    assert cases.bytes_moved(plain, 7, kv_cache=True) == 7 * (2 * (32 + 2 * 8) * 128 * 2 + 128 * 4)
+    assert cases.bytes_moved(plain, 7, kv_cache=True) - cases.bytes_moved(plain, 7) == 7 * 2 * 8 * 128 * 2
+    assert cases.bytes_moved(vnorm, 7, kv_cache=True) == cases.bytes_moved(vnorm, 7)  # v already counted
 
 
 def test_amortised_timing_runs_the_calls_back_to_back():
     calls = []
-    timer = core.Timer(torch.device("cpu"), reps=2)
+    timer = timing.Timer(torch.device("cpu"), reps=2)
     assert timer(lambda: calls.append(1), calls=5) >= 0
     assert len(calls) == 1 + 2 * 5  # one warm-up, then two timings of five calls
 
 
 def test_kv_run_checks_times_both_ways_and_writes_outputs(tmp_path):
-    result = core.run(torch.device("cpu"), tokens=(3,), geometries=KV_GEOMETRY, reps=1, op=core.KV_OP, calls=2)
+    result = kv_cache.run_kv_cache(torch.device("cpu"), tokens=(3,), geometries=KV_GEOMETRY, reps=1, calls=2)
     rows = result["rows"]
-    assert [r.provider for r in rows] == list(core.KV_PROVIDERS)
+    assert [r.provider for r in rows] == list(catalog.KV_PROVIDERS)
     assert all(r.us > 0 and r.us_amortised > 0 and r.calls == 2 for r in rows)
-    assert len({r.bytes for r in rows}) == 1 and rows[0].bytes == core.bytes_moved(model("Qwen3-32B").shard(8), 3,
+    assert len({r.bytes for r in rows}) == 1 and rows[0].bytes == cases.bytes_moved(model("Qwen3-32B").shard(8), 3,
                                                                                    kv_cache=True)
     errors = {r.provider: r.max_rel_err for r in rows}
-    assert all(0 < errors[p] <= core.TOLERANCE[torch.bfloat16] for p in ("ours_kv", "ours+scatter", "ours"))
+    assert all(0 < errors[p] <= harness.TOLERANCE[torch.bfloat16] for p in ("ours_kv", "ours+scatter", "ours"))
     assert errors["copy_kv"] != errors["copy_kv"]  # NaN: a copy has nothing to check
-    assert core.check_rows(rows) == []
-    assert result["meta"]["op"] == core.KV_OP and result["meta"]["amortised_calls"] == 2
-    table = core.format_table(result).splitlines()
-    assert [line for line in table if line.startswith(core.KV_OP)] == [
-        f"{core.KV_OP}, one call a timing (a captured graph on CUDA):",
-        f"{core.KV_OP}, amortised: 2 calls a timing (one captured graph on CUDA), per call:"]
+    assert harness.check_rows(rows) == []
+    assert result["meta"]["op"] == catalog.KV_OP and result["meta"]["amortised_calls"] == 2
+    table = kv_cache.format_kv_table(result).splitlines()
+    assert [line for line in table if line.startswith(catalog.KV_OP)] == [
+        f"{catalog.KV_OP}, one call a timing (a captured graph on CUDA):",
+        f"{catalog.KV_OP}, amortised: 2 calls a timing (one captured graph on CUDA), per call:"]
     assert sum(line.startswith("8/1/128 ") for line in table) == 2
-    paths = core.write_outputs(result, tmp_path, text="table")
-    assert [p.name for p in paths] == [f"bench_{core.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
-    assert (tmp_path / f"bench_{core.KV_OP}.txt").read_text() == "table\n"
+    paths = report.write_outputs(result, tmp_path, text="table")
+    assert [p.name for p in paths] == [f"bench_{catalog.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
+    assert (tmp_path / f"bench_{catalog.KV_OP}.txt").read_text() == "table\n"
     saved = json.loads(paths[1].read_text())
-    assert [row["provider"] for row in saved["rows"]] == list(core.KV_PROVIDERS)
+    assert [row["provider"] for row in saved["rows"]] == list(catalog.KV_PROVIDERS)
     assert saved["rows"][0]["us_amortised"] == rows[0].us_amortised
 
 
 @pytest.mark.parametrize("fault", ["stray line", "no write"])
 def test_kv_check_sees_the_whole_cache(monkeypatch, fault):
     """A scatter that writes one line too many, or none, fails the check of its rows."""
-    real = core.scatter_kv
+    real = kv_cache.scatter_kv
 
     def faulty(k, v, key_cache, value_cache, slot_mapping):
         if fault == "stray line":
@@ -325,17 +337,17 @@ def test_kv_check_sees_the_whole_cache(monkeypatch, fault):
             free = sorted(set(range(key_cache.shape[0] * key_cache.shape[1])) - set(slot_mapping.tolist()))[0]
             value_cache.view(-1, *value_cache.shape[2:])[free] = 0
 
-    monkeypatch.setattr(core, "scatter_kv", faulty)
-    result = core.run(torch.device("cpu"), tokens=(2,), providers=("ours+scatter",), geometries=KV_GEOMETRY, reps=1,
-                      op=core.KV_OP, calls=1)
-    assert [line.split(":")[0] for line in core.check_rows(result["rows"])] == ["Qwen3-32B tp8 T=2 ours+scatter"]
+    monkeypatch.setattr(kv_cache, "scatter_kv", faulty)
+    result = kv_cache.run_kv_cache(torch.device("cpu"), tokens=(2,), providers=("ours+scatter",),
+                                   geometries=KV_GEOMETRY, reps=1, calls=1)
+    assert [line.split(":")[0] for line in harness.check_rows(result["rows"])] == ["Qwen3-32B tp8 T=2 ours+scatter"]
 
 
 def test_kv_bar_verdict_both_modes():
     def row(tokens, provider, us, us_amortised):
-        return core.KVRow("m", 1, "g", tokens, provider, us, us_amortised, 20, 0.0, 1)
+        return harness.KVRow("m", 1, "g", tokens, provider, us, us_amortised, 20, 0.0, 1)
 
-    lines = core.bar_verdict({"meta": {"op": core.KV_OP, "amortised_calls": 20}, "rows": [
+    lines = kv_cache.kv_bar_verdict({"meta": {"op": catalog.KV_OP, "amortised_calls": 20}, "rows": [
         row(1, "ours_kv", 6.0, 2.4), row(1, "ours", 5.5, 2.0), row(1, "ours+scatter", 8.0, 3.5),
         row(4096, "ours_kv", 30.0, 29.0), row(4096, "copy_kv", 27.0, 26.0),
         row(8192, "ours_kv", 40.0, 40.0),  # no copy at this T: not counted
@@ -352,19 +364,19 @@ def test_kv_bar_verdict_both_modes():
 
 
 def test_cli_kv_bench_writes_text_csv_json(cli, tmp_path):
-    result = cli("bench", "--op", core.KV_OP, "--tokens", "1", "--providers", "ours_kv,copy_kv", "--out", tmp_path,
+    result = cli("bench", "--op", catalog.KV_OP, "--tokens", "1", "--providers", "ours_kv,copy_kv", "--out", tmp_path,
                  "--no-progress")
     assert result.code == 0, result.err
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [f"bench_{core.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
-    text = (tmp_path / f"bench_{core.KV_OP}.txt").read_text()
-    assert text.rstrip("\n") in result.out and core.CPU_DISCLAIMER in text
-    rows = json.loads((tmp_path / f"bench_{core.KV_OP}.json").read_text())["rows"]
+    assert names == [f"bench_{catalog.KV_OP}.{ext}" for ext in ("csv", "json", "txt")]
+    text = (tmp_path / f"bench_{catalog.KV_OP}.txt").read_text()
+    assert text.rstrip("\n") in result.out and report.CPU_DISCLAIMER in text
+    rows = json.loads((tmp_path / f"bench_{catalog.KV_OP}.json").read_text())["rows"]
     assert [row["provider"] for row in rows] == ["ours_kv", "copy_kv"] * len(BENCH_GEOMETRIES)
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (("--op", core.KV_OP, "--providers", "eager"), "--providers"),
+    (("--op", catalog.KV_OP, "--providers", "eager"), "--providers"),
     (("--providers", "ours_kv"), "--providers"),
     (("--op", "split_qkv"), "--op"),
 ])
@@ -375,22 +387,23 @@ def test_kv_bad_arguments_are_one_line_errors(cli, no_measuring, argv, fragment)
 def test_op_choices_are_the_library_ops():
     from vllm_ascend_ext.cli.bench import OP_NAMES
 
-    assert OP_NAMES == tuple(core.OPS) and core.OPS[core.OP] == core.PROVIDERS
-    assert core.default_providers("cpu", core.KV_OP) == core.KV_PROVIDERS == core.default_providers("cuda", core.KV_OP)
+    assert OP_NAMES == tuple(catalog.OPS) and catalog.OPS[catalog.OP] == catalog.PROVIDERS
+    kv = catalog.KV_OP
+    assert catalog.default_providers("cpu", kv) == catalog.KV_PROVIDERS == catalog.default_providers("cuda", kv)
 
 
 def test_kv_script_is_the_bench_subcommand_with_its_op(monkeypatch, tmp_path):
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_split_qkv_rmsnorm_rope_kv_cache.py"
     seen = {}
 
-    def fake_run(device, tokens, providers, progress=None, op=None, **kwargs):
-        seen.update(tokens=tokens, providers=providers, op=op)
+    def fake_run(device, tokens, providers, progress=None, **kwargs):
+        seen.update(tokens=tokens, providers=providers)
         raise SystemExit(0)
 
-    monkeypatch.setattr(core, "run", fake_run)
+    monkeypatch.setattr(kv_cache, "run_kv_cache", fake_run)
     monkeypatch.setattr(sys, "argv", [str(script), "--tokens", "2", "--no-progress", "--out", str(tmp_path)])
     import runpy
 
     with pytest.raises(SystemExit):
         runpy.run_path(str(script), run_name="__main__")
-    assert seen == {"tokens": (2,), "providers": core.KV_PROVIDERS, "op": core.KV_OP}
+    assert seen == {"tokens": (2,), "providers": catalog.KV_PROVIDERS}  # the KV-cache run, its providers

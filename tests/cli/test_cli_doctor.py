@@ -7,7 +7,7 @@ import pytest
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.cli import doctor
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.devices import detect_device
 
 
 def _checks(result):
@@ -15,7 +15,7 @@ def _checks(result):
 
 
 def test_reports_the_detected_backend_and_why(cli):
-    backend = detect_backend()
+    backend = detect_device()
     result = cli("doctor")
     assert result.code == 0
     first = result.out.splitlines()[0]
@@ -131,13 +131,13 @@ def test_ascendc_library_absent_says_how_to_build(cli, monkeypatch):
 
 
 def test_require_another_backend_exits_1_with_one_line(cli):
-    other = next(name for name in ("npu", "cuda", "cpu") if name != detect_backend().name)
+    other = next(name for name in ("npu", "cuda", "cpu") if name != detect_device().name)
     result = cli("doctor", "--require", other)
     assert_one_line_error(result, 1, other)
 
 
 def test_require_the_detected_backend_passes(cli):
-    assert cli("doctor", "--require", detect_backend().name).code == 0
+    assert cli("doctor", "--require", detect_device().name).code == 0
 
 
 @pytest.mark.parametrize("argv", [("--require", "tpu"), ("--backend", "gpu"), ("--frob",)])
@@ -148,7 +148,7 @@ def test_bad_options_are_one_line_errors(cli, argv):
 @pytest.mark.parametrize("backend, fix", [("cuda", "NVIDIA"), ("npu", "CANN")])
 def test_forced_backend_without_its_device_says_what_to_install(cli, backend, fix):
     """Where ``bench --backend X`` sends the user: the device line says it is absent and how to get it."""
-    from vllm_ascend_ext.backends import unavailable_reason
+    from vllm_ascend_ext.devices import unavailable_reason
 
     why = unavailable_reason(backend)
     if why is None:

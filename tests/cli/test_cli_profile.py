@@ -10,10 +10,10 @@ import pytest
 
 from cli_helpers import assert_one_line_error
 from vllm_ascend_ext.cli import profile, workload
-from vllm_ascend_ext.backends import detect_backend
+from vllm_ascend_ext.devices import detect_device
 from vllm_ascend_ext.cli.profile import msprof_script
 
-ON_CPU = detect_backend().name == "cpu"
+ON_CPU = detect_device().name == "cpu"
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_msprof.sh"
 
 
@@ -63,7 +63,7 @@ def test_npu_without_msprof_is_one_line(cli, tmp_path, npu_here):
 
 @pytest.mark.parametrize("backend, device", [("cuda", "CUDA GPU"), ("npu", "Ascend NPU")])
 def test_absent_device_is_one_line_pointing_at_doctor(cli, tmp_path, backend, device):
-    from vllm_ascend_ext.backends import unavailable_reason
+    from vllm_ascend_ext.devices import unavailable_reason
 
     if unavailable_reason(backend) is None:
         pytest.skip(f"this machine has a {device}")
@@ -172,7 +172,7 @@ def test_workload_unwritable_out_is_refused_before_running(tmp_path, capsys, no_
 
 @pytest.mark.parametrize("backend", ["cuda", "npu"])
 def test_workload_absent_device_is_one_line(capsys, no_workload, backend):
-    from vllm_ascend_ext.backends import unavailable_reason
+    from vllm_ascend_ext.devices import unavailable_reason
 
     if unavailable_reason(backend) is None:
         pytest.skip(f"this machine has a {backend} device")

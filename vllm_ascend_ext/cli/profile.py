@@ -22,10 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..backends import detect_backend, ensure_interpreter
+from ..devices import DEVICE_NAMES, detect_device, ensure_interpreter
 from ..ops import settings
 from . import report
-from .common import BACKENDS, CliError, check_settings, output_dir, results_dir, usable_backend
+from .common import CliError, check_settings, output_dir, results_dir, usable_device
 from .geometry import parse_int_list, resolve_model, shard_checked
 
 __all__ = ["add_parser", "msprof_script", "run"]
@@ -129,7 +129,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--providers", default=",".join(PROVIDERS),
                         help="comma-separated subset of eager,compile,ours (default all)")
     parser.add_argument("--out", help="output folder (default results/profile-<time>)")
-    parser.add_argument("--backend", choices=BACKENDS, metavar="BACKEND",
+    parser.add_argument("--backend", choices=DEVICE_NAMES, metavar="BACKEND",
                         help="profile as on npu or cuda instead of the detected backend")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     parser.add_argument("--no-report", action="store_true", help="do not run `report` at the end")
@@ -150,7 +150,7 @@ def run(args) -> int:
     if not providers or any(p not in PROVIDERS for p in providers):
         raise CliError(f"--providers takes a comma-separated subset of {', '.join(PROVIDERS)}, got {args.providers!r}")
     shard_checked(resolve_model(args.model), args.tp)
-    backend = detect_backend(args.backend) if args.dry_run else usable_backend(args.backend)
+    backend = detect_device(args.backend) if args.dry_run else usable_device(args.backend)
     if backend.name == "cpu":
         raise CliError("profiling needs an NPU (msprof) or a CUDA GPU (torch.profiler); "
                        f"this machine has neither ({backend.reason.split(':')[0]})", code=1)
@@ -172,7 +172,7 @@ def run(args) -> int:
     else:
         import torch
 
-        report_root = _profile_cuda(args, providers, out, torch.device(backend.device))
+        report_root = _profile_cuda(args, providers, out, torch.device(backend.torch_device))
     print(f"profile: {out}")
     if args.no_report:
         return 0

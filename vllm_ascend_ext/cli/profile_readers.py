@@ -112,7 +112,7 @@ class Context:
         """Bytes the fused op must move for the run's tokens, when the geometry is known."""
         if self.geometry is None or self.tokens is None:
             return None
-        from ..bench import bytes_moved
+        from ..bench.cases import bytes_moved
 
         return bytes_moved(self.geometry, self.tokens, self.elem_bytes, self.cache_bytes)
 

@@ -6,7 +6,7 @@ our torch.profiler Chrome trace), each launch in a group.
 
 Bytes per call come from the tensor shapes and dtypes the CSV lists (inputs + outputs: an
 upper bound on traffic), else, for the fused kernel, from the known geometry
-(:func:`vllm_ascend_ext.bench.bytes_moved`, the benchmark's floor) given by a ``workload.json`` that
+(:func:`vllm_ascend_ext.bench.cases.bytes_moved`, the benchmark's floor) given by a ``workload.json`` that
 ``profile`` writes next to each run, or by ``--model/--tp/--tokens/--dtype``.
 
 Each kernel falls in a group: the provider named by the run's ``workload.json`` (``ours``,

@@ -1,7 +1,7 @@
 """The profiled workload: one provider of the benchmark, run a fixed number of times.
 
 ``python -m vllm_ascend_ext.cli.workload --provider ours --model Qwen3-8B --tokens 4096`` builds
-the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.make_inputs`, the
+the benchmark's inputs for one geometry (:func:`vllm_ascend_ext.bench.cases.make_inputs`, the
 generator of ``ops.reference``), warms the
 provider up (compilation, autotuning, caches), synchronises, runs it ``--iterations`` times and
 synchronises again. It is what ``scripts/profile_msprof.sh`` runs under msprof and what
@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 import sys
 
-from ..backends import ensure_interpreter
+from ..devices import DEVICE_NAMES, ensure_interpreter
 from ..ops.settings import SettingError
-from .common import BACKENDS, CliError, CliParser, check_settings, output_dir, usable_backend
+from .common import CliError, CliParser, check_settings, output_dir, usable_device
 from .geometry import resolve_model, shard_checked
 
 __all__ = ["main", "make_call", "sidecar", "synchronize"]
 
 PROVIDERS = ("eager", "compile", "ours")
-DTYPE = "bf16"  # what vllm_ascend_ext.bench.make_inputs builds by default
+DTYPE = "bf16"  # what vllm_ascend_ext.bench.cases.make_inputs builds by default
 CACHE_DTYPE = "fp32"
 
 
@@ -52,18 +52,19 @@ def make_call(provider: str, model: str, tp: int, tokens: int, device):
     """
     import torch
 
-    from .. import bench as core
+    from ..bench.cases import make_inputs
+    from ..bench.prologue import unfused_prologue
 
     if provider not in PROVIDERS:
         raise CliError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     geometry, _ = shard_checked(resolve_model(model), tp)
-    inputs = core.make_inputs(geometry, tokens, device)
+    inputs = make_inputs(geometry, tokens, device)
     if provider == "ours":
         from ..ops import split_qkv_rmsnorm_rope as fn
     elif provider == "compile":
-        fn = torch.compile(core.unfused_prologue, dynamic=False)
+        fn = torch.compile(unfused_prologue, dynamic=False)
     else:
-        fn = core.unfused_prologue
+        fn = unfused_prologue
     return lambda: fn(**inputs)
 
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--backend", choices=BACKENDS, help="default: detected")
+    parser.add_argument("--backend", choices=DEVICE_NAMES, help="default: detected")
     parser.add_argument("--out", help="write workload.json here")
     args = parser.parse_args(argv)
     try:
@@ -107,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise CliError(f"--{name} must be a positive integer, got {getattr(args, name)}")
         if args.warmup < 0:
             raise CliError(f"--warmup must be non-negative, got {args.warmup}")
-        backend = usable_backend(args.backend)
+        backend = usable_device(args.backend)
         ensure_interpreter(backend)
         check_settings()
         out = output_dir(args.out, "--out") if args.out else None
         import torch
 
-        device = torch.device(backend.device)
+        device = torch.device(backend.torch_device)
         call = make_call(args.provider, args.model, args.tp, args.tokens, device)
         for _ in range(args.warmup):
             call()

@@ -227,13 +227,13 @@ def read_facts(device: torch.device) -> dict:
     """The facts a launch plan of ``device`` is sized from (read once per device, cached)."""
     from ..ops import device as dev
 
-    backend = dev.backend_of(device)
-    if backend == "cuda":
+    kind = dev.device_kind(device)
+    if kind == "cuda":
         return {"backend": "cuda", **asdict(dev.cuda_facts(device.index))}
-    index = device.index if backend == "ascend" else None
-    if backend == "ascend" and index is None:
+    index = device.index if kind == "ascend" else None
+    if kind == "ascend" and index is None:
         index = torch.npu.current_device()  # pragma: no cover - needs an NPU
-    return {"backend": backend, **asdict(dev.ascend_facts(index))}
+    return {"backend": kind, **asdict(dev.ascend_facts(index))}
 
 
 def _world():

@@ -1,10 +1,10 @@
-"""Where the op runs in this process: an NPU, a CUDA GPU, or the CPU through Triton's interpreter.
+"""Which device the op would run on in this process: an NPU, a CUDA GPU, or the CPU through Triton's
+interpreter (:func:`detect_device`).
 
-Shared by the benchmark library (:mod:`vllm_ascend_ext.bench`) and the command line
-(:mod:`vllm_ascend_ext.cli`): the library never imports the command line, and both decide the
-device the same way. Nothing here imports ``torch_npu``, vLLM or Triton at import time;
-:func:`detect_backend` imports ``torch`` (and ``torch_npu`` only when it is installed) when it
-is called.
+The command line's ``--backend`` names one of :data:`DEVICE_NAMES`; ``doctor``, ``bench``, ``profile``
+and the profiled workload decide the device here, the same way. Nothing here imports ``torch_npu``,
+vLLM or Triton at import time; :func:`detect_device` imports ``torch`` (and ``torch_npu`` only when it
+is installed) when it is called.
 """
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ from dataclasses import dataclass
 from .ops import settings
 
 __all__ = [
-    "BACKENDS",
-    "DEVICES",
-    "Backend",
-    "detect_backend",
+    "DEVICE_NAMES",
+    "TORCH_DEVICES",
+    "Device",
+    "detect_device",
     "ensure_interpreter",
     "unavailable_reason",
 ]
 
-#: The backends, by the name ``--backend`` takes.
-BACKENDS = ("npu", "cuda", "cpu")
-#: The torch device string the op uses on each backend.
-DEVICES = {"npu": "npu:0", "cuda": "cuda:0", "cpu": "cpu"}
+#: The devices, by the name ``--backend`` takes.
+DEVICE_NAMES = ("npu", "cuda", "cpu")
+#: The torch device string the op uses on each.
+TORCH_DEVICES = {"npu": "npu:0", "cuda": "cuda:0", "cpu": "cpu"}
 
 
 @dataclass(frozen=True)
-class Backend:
+class Device:
     """Where the op would run here, and why.
 
     Attributes
@@ -39,8 +39,8 @@ class Backend:
     name : str
         ``"npu"``, ``"cuda"`` or ``"cpu"`` (the Triton interpreter).
     reason : str
-        One sentence saying why this backend was chosen over the others.
-    device : str
+        One sentence saying why this device was chosen over the others.
+    torch_device : str
         The torch device string the op would use (``"npu:0"``, ``"cuda:0"``, ``"cpu"``).
     forced : bool
         Named by the caller rather than found: the device may not exist here
@@ -49,7 +49,7 @@ class Backend:
 
     name: str
     reason: str
-    device: str
+    torch_device: str
     forced: bool = False
 
 
@@ -86,7 +86,7 @@ def _cuda_available() -> tuple[bool, str]:
 
 
 def unavailable_reason(name: str) -> str | None:
-    """Why backend ``name`` cannot run in this process, or ``None`` when it can.
+    """Why device ``name`` cannot run the op in this process, or ``None`` when it can.
 
     Parameters
     ----------
@@ -101,18 +101,18 @@ def unavailable_reason(name: str) -> str | None:
     Raises
     ------
     ValueError
-        If ``name`` is not one of :data:`BACKENDS`.
+        If ``name`` is not one of :data:`DEVICE_NAMES`.
     """
-    if name not in BACKENDS:
-        raise ValueError(f"name must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name not in DEVICE_NAMES:
+        raise ValueError(f"name must be one of {', '.join(DEVICE_NAMES)}, got {name!r}")
     if name == "cpu":
         return None
     ok, why = _npu_available() if name == "npu" else _cuda_available()
     return None if ok else why
 
 
-def detect_backend(forced: str | None = None) -> Backend:
-    """The backend the op would run on in this process.
+def detect_device(forced: str | None = None) -> Device:
+    """The device the op would run on in this process.
 
     Order: an NPU (``torch_npu`` installed, importable, at least one device), else a CUDA GPU,
     else the CPU through the Triton interpreter.
@@ -125,38 +125,38 @@ def detect_backend(forced: str | None = None) -> Backend:
 
     Returns
     -------
-    Backend
+    Device
 
     Raises
     ------
     ValueError
-        If ``forced`` is not one of :data:`BACKENDS`.
+        If ``forced`` is not one of :data:`DEVICE_NAMES`.
     """
     if forced is not None:
-        if forced not in BACKENDS:
-            raise ValueError(f"forced must be one of {', '.join(BACKENDS)}, got {forced!r}")
-        return Backend(forced, "chosen with --backend", DEVICES[forced], forced=True)
+        if forced not in DEVICE_NAMES:
+            raise ValueError(f"forced must be one of {', '.join(DEVICE_NAMES)}, got {forced!r}")
+        return Device(forced, "chosen with --backend", TORCH_DEVICES[forced], forced=True)
     npu_ok, npu_why = _npu_available()
     if npu_ok:
-        return Backend("npu", npu_why, DEVICES["npu"])
+        return Device("npu", npu_why, TORCH_DEVICES["npu"])
     cuda_ok, cuda_why = _cuda_available()
     if cuda_ok:
-        return Backend("cuda", f"no NPU ({npu_why}); {cuda_why}", DEVICES["cuda"])
-    return Backend("cpu", f"no NPU ({npu_why}) and no CUDA GPU ({cuda_why}): "
-                          "the op runs through the Triton interpreter on CPU tensors", DEVICES["cpu"])
+        return Device("cuda", f"no NPU ({npu_why}); {cuda_why}", TORCH_DEVICES["cuda"])
+    return Device("cpu", f"no NPU ({npu_why}) and no CUDA GPU ({cuda_why}): "
+                         "the op runs through the Triton interpreter on CPU tensors", TORCH_DEVICES["cpu"])
 
 
-def ensure_interpreter(backend: Backend) -> None:
-    """Turn on Triton's interpreter for the CPU backend, before the op module is imported.
+def ensure_interpreter(device: Device) -> None:
+    """Turn on Triton's interpreter for the CPU, before the op module is imported.
 
     Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, so this must run before
-    ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`` is first imported. Other backends are left
+    ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope`` is first imported. Other devices are left
     as they are.
 
     Parameters
     ----------
-    backend : Backend
-        The backend the op will run on.
+    device : Device
+        The device the op will run on.
     """
-    if backend.name == "cpu":
+    if device.name == "cpu":
         os.environ[settings.TRITON_INTERPRET] = "1"

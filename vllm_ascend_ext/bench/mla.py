@@ -1,7 +1,7 @@
 """Benchmark of the MLA prologue (issue 30): ``split_qkv_rmsnorm_rope_mla`` then ``mla_q_rope_``,
 against the peers as vLLM runs them on CUDA and against the same-bytes copy.
 
-Per MLA layer of :data:`MLA_GEOMETRIES` (DeepSeek-V3 and Kimi-K2 at TP 1 and 8: the q heads
+Per MLA layer of ``catalog.MLA_GEOMETRIES`` (DeepSeek-V3 and Kimi-K2 at TP 1 and 8: the q heads
 shard, the latent does not; DeepSeek-V2-Lite, no q latent) and token count, with a bf16 combined
 MLA cache ``[num_blocks, MLA_BLOCK_SIZE, kv_lora_rank + rope]`` (vLLM's one-tensor form, room for
 twice the tokens, one random distinct slot a token, no padding), an fp32 cos/sin cache of
@@ -20,10 +20,10 @@ the GEMM itself is not timed), three providers:
   kernel comes from an installed vLLM, or from the file itself (:func:`load_vllm_kernel`,
   ``vllm_source``) so that a machine without vLLM can run it; nothing of vLLM is copied into
   this repository;
-* ``copy``: a plain Triton copy of :func:`mla_bytes_moved` (``bench.copy_replay``).
+* ``copy``: a plain Triton copy of ``cases.mla_bytes_moved`` (``timing.copy_calls``).
 
 Each is timed as the KV-cache run is: one call per captured CUDA graph, and ``AMORTISED_CALLS``
-calls captured in one graph, per call (``bench.Timer``: ``triton.testing.do_bench``, median, L2
+calls captured in one graph, per call (``timing.Timer``: ``triton.testing.do_bench``, median, L2
 flushed between replays). ``ours`` (and ``vllm``, shown, not held to a tolerance: it rounds
 differently) is checked against the float64 reference of ``ops.reference`` on every row: q_c,
 kv_c_normed, k_pe, the rotated q and the whole cache (a sentinel overwritten shows).
@@ -42,21 +42,18 @@ from typing import Callable
 
 import torch
 
-from . import bench
-from .bench import (AMORTISED_CALLS, BAR_LARGE_TOKENS, BAR_SMALL_TOKENS, CPU_AMORTISED_CALLS, CPU_DISCLAIMER,
-                    GPU_TOKENS, MAX_POSITION, MLA_OP, MLA_PROVIDERS, TIMINGS_PER_ROW, KVRow)
+from . import catalog
+from .cases import make_mla_case, mla_bytes_moved
+from .catalog import AMORTISED_CALLS, BAR_LARGE_TOKENS, BAR_SMALL_TOKENS
+from .harness import (Case, KVRow, Timed, checked_calls, checked_providers, checked_tokens, max_rel_err, measure,
+                      run_meta)
+from .report import cells, ratio, summary
+from .timing import TIMINGS_PER_ROW, Timer, copy_calls, launch_floor
 
-__all__ = ["MLA_GEOMETRIES", "MLA_OP", "MLA_PROVIDERS", "VLLM_KERNEL_FILE", "find_vllm_source", "format_mla_table",
-           "load_vllm_kernel", "make_mla_case", "mla_bar_verdict", "mla_bytes_moved", "mla_report", "run_mla",
-           "unfused_mla", "vllm_launch_spec", "vllm_q_kv_rmsnorm", "vllm_rope_and_cache"]
+__all__ = ["MLA_BAR_COPY", "MLA_BAR_PEER", "VLLM_KERNEL_FILE", "find_vllm_source", "format_mla_table",
+           "load_vllm_kernel", "mla_bar_verdict", "mla_report", "run_mla", "unfused_mla", "vllm_launch_spec",
+           "vllm_q_kv_rmsnorm", "vllm_rope_and_cache"]
 
-#: (model of ``ops.models.MLA_MODELS``, TP size): the layers the run times.
-MLA_GEOMETRIES = (("DeepSeek-V3", 1), ("DeepSeek-V3", 8), ("Kimi-K2", 1), ("Kimi-K2", 8), ("DeepSeek-V2-Lite", 1))
-#: Token counts of a CPU run (the interpreter; T = 3 crosses no tile, it checks the plumbing).
-MLA_CPU_TOKENS = (1, 3)
-#: Rows of a block of the MLA cache (FlashMLA's block size on Hopper; random slots make the
-#: block size immaterial to the bytes).
-MLA_BLOCK_SIZE = 64
 #: Issue 30's bars: at T <= BAR_SMALL_TOKENS ours <= 0.8 x vllm, at T >= BAR_LARGE_TOKENS ours <=
 #: 1.15 x copy, both timing modes.
 MLA_BAR_PEER = 0.8
@@ -266,81 +263,10 @@ def unfused_mla(kernel, args: dict, q: torch.Tensor, kv_cache: torch.Tensor, slo
     return q_c, kv_c_normed, k_pe, q
 
 
-def mla_bytes_moved(spec, heads: int, tokens: int, elem_bytes: int = 2, cos_bytes: int = 4) -> int:
-    """The fewest bytes the two launches move: qkv_lora's used columns read, both weights read
-    once, q_c, kv_c_normed and k_pe written, the cache rows written (``Lkv + R`` of qkv's dtype a
-    token), q_pe read and written (``H x R`` a token), and a cos/sin row a token read by each
-    launch (the q side runs after ``q_b_proj``, so both need it). Positions and slots are not
-    counted.
-
-    Parameters
-    ----------
-    spec : MLASpec
-        The model (``ops.models.MLA_MODELS``).
-    heads : int
-        q heads on the rank.
-    tokens : int
-        ``T``.
-    elem_bytes, cos_bytes : int
-        Element sizes of qkv_lora (outputs, q and cache alike) and of the cos/sin cache.
-
-    Returns
-    -------
-    int
-    """
-    lq, lkv, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.rope_dim
-    per_token = elem_bytes * ((lq + lkv + rope) + (lq + lkv + rope) + (lkv + rope) + 2 * heads * rope)
-    return tokens * (per_token + 2 * rope * cos_bytes) + elem_bytes * (lq + lkv)
-
-
-def make_mla_case(spec, heads: int, tokens: int, device, seed: int = 0) -> dict:
-    """One row's inputs: the prologue's arguments (``ops.reference.make_mla_inputs``, bf16, fp32
-    cos/sin cache of :data:`bench.MAX_POSITION` rows, positions inside it), a bf16 combined cache
-    (``ops.reference.make_mla_cache``: sentinel-filled, :data:`MLA_BLOCK_SIZE`-row blocks, room
-    for twice the tokens, no padding slot), and ``q`` ``[T, H, nope + R]`` drawn on the device.
-
-    Returns
-    -------
-    dict
-        ``args`` (the op's keyword arguments), ``kv_cache``, ``slot_mapping``, ``q`` (ours'), and
-        ``q_vllm`` (a copy of it for the ``vllm`` provider: each rotates its own in place).
-    """
-    from .ops.reference import make_mla_cache, make_mla_inputs
-
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    args = make_mla_inputs(spec.q_lora_rank, spec.kv_lora_rank, spec.rope_dim, tokens, device=device,
-                           dtype=torch.bfloat16, cache_dtype=torch.float32, max_position=MAX_POSITION,
-                           out_of_range=False, is_neox=spec.is_neox, eps=spec.eps, generator=generator)
-    cache = make_mla_cache(args, dtype=torch.bfloat16, block_size=MLA_BLOCK_SIZE, padding=0, generator=generator)
-    device_generator = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(tokens, heads, spec.q_head_dim, device=device, generator=device_generator).to(torch.bfloat16)
-    return {"args": args, "kv_cache": cache["kv_cache"], "slot_mapping": cache["slot_mapping"], "q": q,
-            "q_vllm": q.clone()}
-
-
-def _providers(names, case: dict, kernel, device: torch.device, nbytes: int) -> dict:
-    """Each provider as a list of zero-argument callables (the fastest counts): ``copy``'s
-    configurations (``copy_replay`` times them), each other one :data:`bench.TIMINGS_PER_ROW` times."""
-    from .ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
-
-    args, q, q_vllm, kv_cache, slots = (case[k] for k in ("args", "q", "q_vllm", "kv_cache", "slot_mapping"))
-
-    def ours():
-        out = split_qkv_rmsnorm_rope_mla(**args, kv_cache=kv_cache, slot_mapping=slots)
-        mla_q_rope_(q, args["cos_sin_cache"], args["positions"], args["rope_dim"], is_neox=args["is_neox"])
-        return out + (q,)
-
-    def vllm():
-        return unfused_mla(kernel, args, q_vllm, kv_cache, slots)
-
-    table = {"ours": ours, "vllm": vllm}
-    return {name: (None if name == "copy" else [table[name]] * TIMINGS_PER_ROW) for name in names}
-
-
 def _error(out, refs: tuple, cache: torch.Tensor, expected: torch.Tensor) -> float:
     """Largest error of the outputs and of the whole cache, each relative to its reference's scale
     (the cache's: its rows' values; a sentinel overwritten by anything shows)."""
-    err = bench.max_rel_err(*zip(*[(o, r) for o, r in zip(out, refs[:4]) if r.numel()]))  # no q_c without Lq
+    err = max_rel_err(*zip(*[(o, r) for o, r in zip(out, refs[:4]) if r.numel()]))  # no q_c without Lq
     scale = torch.cat(refs[1:3], dim=-1).abs().max().item() or 1.0
     return max(err, (cache.cpu().double() - expected.double()).abs().max().item() / scale)
 
@@ -355,24 +281,24 @@ def run_mla(device: torch.device, tokens=None, providers=None, geometries=None,
     device : torch.device
         CUDA (the timings that count), or the CPU through the Triton interpreter.
     tokens : sequence of int, optional
-        Default ``bench.GPU_TOKENS`` on CUDA, :data:`MLA_CPU_TOKENS` on CPU.
+        Default ``catalog.GPU_TOKENS`` on CUDA, ``catalog.MLA_CPU_TOKENS`` on CPU.
     providers : sequence of str, optional
-        Any of :data:`MLA_PROVIDERS` (default all).
+        Any of ``catalog.MLA_PROVIDERS`` (default all).
     geometries : sequence of (model name, tp), optional
-        Default :data:`MLA_GEOMETRIES`.
+        Default ``catalog.MLA_GEOMETRIES``.
     progress : callable, optional
         Called with a short label before each provider's check and timings.
     reps : int, optional
         Repetitions per timing where the device has no graph replay.
     calls : int, optional
-        Calls per amortised timing; default ``bench.AMORTISED_CALLS`` (2 on CPU).
+        Calls per amortised timing; default ``catalog.AMORTISED_CALLS`` (2 on CPU).
     vllm_source : str, optional
         Where vLLM's kernel file is (:func:`load_vllm_kernel`); without it the installed vLLM.
 
     Returns
     -------
     dict
-        ``{"rows": [bench.KVRow, ...], "meta": {...}}``; ``meta`` holds ``op`` (:data:`MLA_OP`),
+        ``{"rows": [harness.KVRow, ...], "meta": {...}}``; ``meta`` holds ``op`` (``catalog.MLA_OP``),
         the device, the launch floor, the amortised call count, the cache's form, dtype and block
         size, the peer that ran (``peer``) and the versions.
 
@@ -381,67 +307,68 @@ def run_mla(device: torch.device, tokens=None, providers=None, geometries=None,
     ValueError
         Naming ``tokens``, ``providers``, ``calls`` or ``vllm_source``.
     """
-    from .ops.models import mla_model
-    from .ops.reference import mla_cache_write, mla_q_rope, split_qkv_rmsnorm_rope_mla
+    from ..ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
+    from ..ops.models import mla_model
+    from ..ops.reference import mla_cache_write, mla_q_rope
+    from ..ops.reference import split_qkv_rmsnorm_rope_mla as reference
 
     is_cpu = device.type == "cpu"
-    tokens = bench.checked_tokens(tokens or (MLA_CPU_TOKENS if is_cpu else GPU_TOKENS), is_cpu)
-    providers = bench.checked_providers(providers, MLA_PROVIDERS)
-    calls = calls if calls is not None else (CPU_AMORTISED_CALLS if is_cpu else AMORTISED_CALLS)
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be a positive int, got {calls!r}")
-    geometries = tuple(geometries or MLA_GEOMETRIES)
+    tokens = checked_tokens(tokens, is_cpu, catalog.MLA_CPU_TOKENS)
+    providers = checked_providers(providers, catalog.MLA_PROVIDERS)
+    calls = checked_calls(calls, is_cpu)
+    geometries = tuple(geometries or catalog.MLA_GEOMETRIES)
     kernel, origin = load_vllm_kernel(vllm_source) if "vllm" in providers else (None, None)
-    timer = bench.Timer(device, reps or (3 if is_cpu else 50))
-    launch = bench.launch_floor(device, timer)
-    rows = []
-    for name, tp in geometries:
+    timer = Timer(device, reps or (3 if is_cpu else 50))
+    launch = launch_floor(device, timer)
+
+    def make_case(layer, count: int) -> Case:
+        name, tp = layer
         spec = mla_model(name)
         heads = spec.heads_at(tp)
         label = f"{spec.q_lora_rank}/{spec.kv_lora_rank}/{spec.rope_dim} H{heads}"
-        for count in tokens:
-            case = make_mla_case(spec, heads, count, device, seed=count)
-            args, q0, cache0 = case["args"], case["q"].clone(), case["kv_cache"].clone()
-            nbytes = mla_bytes_moved(spec, heads, count)
-            refs = split_qkv_rmsnorm_rope_mla(**args) + (mla_q_rope(q0, args["cos_sin_cache"], args["positions"],
-                                                                    spec.rope_dim, is_neox=spec.is_neox),)
-            expected = mla_cache_write(cache0.cpu(), refs[1].cpu(), refs[2].cpu(), case["slot_mapping"].cpu())
-            for provider, fns in _providers(providers, case, kernel, device, nbytes).items():
-                if progress:
-                    progress(f"{name} tp{tp} T={count} {provider}")
-                if provider == "copy":
-                    err = float("nan")
-                    us, us_amortised = (bench.copy_replay(device, timer, nbytes, n) for n in (1, calls))
-                else:
-                    case["kv_cache"].copy_(cache0)
-                    case["q"].copy_(q0)
-                    case["q_vllm"].copy_(q0)
-                    err = _error(fns[0](), refs, case["kv_cache"], expected)
-                    us = min(timer(fn) for fn in fns)
-                    us_amortised = min(timer(fn, calls) for fn in fns)
-                rows.append(KVRow(name, tp, label, count, provider, us, us_amortised, calls, err, nbytes))
-            del case, q0, cache0, refs, expected
-    meta = bench.run_meta(device, MLA_OP) | {
+        case = make_mla_case(spec, heads, count, device, seed=count)
+        args, q, q_vllm, kv_cache, slots = (case[k] for k in ("args", "q", "q_vllm", "kv_cache", "slot_mapping"))
+        q0, cache0 = q.clone(), kv_cache.clone()
+        nbytes = mla_bytes_moved(spec, heads, count)
+        refs = reference(**args) + (mla_q_rope(q0, args["cos_sin_cache"], args["positions"], spec.rope_dim,
+                                               is_neox=spec.is_neox),)
+        expected = mla_cache_write(cache0.cpu(), refs[1].cpu(), refs[2].cpu(), slots.cpu())
+
+        def ours():
+            out = split_qkv_rmsnorm_rope_mla(**args, kv_cache=kv_cache, slot_mapping=slots)
+            mla_q_rope_(q, args["cos_sin_cache"], args["positions"], args["rope_dim"], is_neox=args["is_neox"])
+            return out + (q,)
+
+        def vllm():
+            return unfused_mla(kernel, args, q_vllm, kv_cache, slots)
+
+        def check(fn) -> float:  # from the initial cache and q
+            kv_cache.copy_(cache0)
+            q.copy_(q0)
+            q_vllm.copy_(q0)
+            return _error(fn(), refs, kv_cache, expected)
+
+        table = {"ours": ours, "vllm": vllm}
+        by_name = {p: Timed([table[p]] * TIMINGS_PER_ROW, check=functools.partial(check, table[p]))
+                 for p in providers if p != "copy"}
+        if "copy" in providers:  # the same-bytes copy, NaN on CPU (no Triton copy through the interpreter)
+            by_name["copy"] = Timed(() if is_cpu else copy_calls(device, nbytes))
+
+        def row(provider: str, timed: Timed, err: float) -> KVRow:
+            return KVRow(name, tp, label, count, provider, timed.best(timer), timed.best(timer, calls), calls, err,
+                         nbytes)
+
+        return Case(f"{name} tp{tp} T={count}", {p: by_name[p] for p in providers}, row)
+
+    rows = measure(geometries, tokens, make_case, progress)
+    meta = run_meta(device, catalog.MLA_OP) | {
         "launch_floor_us": launch, "amortised_calls": calls, "cache_form": "combined", "cache_dtype": "bf16",
-        "block_size": MLA_BLOCK_SIZE, "cos_sin_dtype": "fp32",
+        "block_size": catalog.MLA_BLOCK_SIZE, "cos_sin_dtype": "fp32",
         "peer": None if origin is None else (
             f"vLLM's Triton fused_q_kv_rmsnorm kernel from {origin} (V2-Lite: that kernel on kv_c alone), then "
             f"RoPE of q_pe and k_pe and the cache write in PyTorch (vLLM's unfused math; its C++ "
             f"rotary_embedding / concat_and_cache_mla[_rope_fused] not built)")}
     return {"rows": rows, "meta": meta}
-
-
-def _cells(rows) -> dict:
-    by_key: dict = {}
-    for r in rows:
-        by_key.setdefault((r.model, r.tp, r.geometry, r.tokens), {})[r.provider] = r
-    return by_key
-
-
-def _ratio(cells: dict, other: str, attr: str) -> float:
-    if "ours" not in cells or other not in cells:
-        return float("nan")
-    return getattr(cells["ours"], attr) / getattr(cells[other], attr)
 
 
 def format_mla_table(result: dict) -> str:
@@ -458,8 +385,8 @@ def format_mla_table(result: dict) -> str:
     str
     """
     rows, meta = result["rows"], result["meta"]
-    by_key = _cells(rows)
-    providers = [p for p in MLA_PROVIDERS if any(p in v for v in by_key.values())]
+    by_key = cells(rows)
+    providers = [p for p in catalog.MLA_PROVIDERS if any(p in v for v in by_key.values())]
     lines = [f"device {meta['device']}: empty-kernel replay {meta['launch_floor_us']:.2f} us; {meta['cache_dtype']} "
              f"combined MLA cache, block {meta['block_size']}, one random slot a token; {meta['cos_sin_dtype']} "
              f"cos/sin; q [T, H, nope+rope] given (q_b_proj not timed); layer Lq/Lkv/R H (q heads on the rank)",
@@ -470,16 +397,16 @@ def format_mla_table(result: dict) -> str:
         lines.append("copy: a plain Triton copy of the two launches' fewest bytes (bytes column)")
     amortised = f"amortised: {meta['amortised_calls']} calls a timing (one captured graph on CUDA), per call"
     for title, attr in (("one call a timing (a captured graph on CUDA)", "us"), (amortised, "us_amortised")):
-        lines.append(f"{MLA_OP}, {title}:")
+        lines.append(f"{catalog.MLA_OP}, {title}:")
         head = f"{'model':16} {'tp':>2} {'layer':18} {'T':>6} {'bytes':>11} " + " ".join(
             f"{p + ' us':>10}" for p in providers) + f" {'ours/vllm':>9} {'ours/copy':>9}"
         lines.append(head + (f" {'err ours':>9} {'err vllm':>9}" if attr == "us" else ""))
-        for (name, tp, label, count), cells in by_key.items():
-            line = f"{name:16} {tp:2d} {label:18} {count:6d} {next(iter(cells.values())).bytes:11d} " + " ".join(
-                f"{getattr(cells[p], attr):10.2f}" if p in cells else f"{'-':>10}" for p in providers)
-            line += f" {_ratio(cells, 'vllm', attr):9.2f} {_ratio(cells, 'copy', attr):9.2f}"
+        for (name, tp, label, count), row in by_key.items():
+            line = f"{name:16} {tp:2d} {label:18} {count:6d} {next(iter(row.values())).bytes:11d} " + " ".join(
+                f"{getattr(row[p], attr):10.2f}" if p in row else f"{'-':>10}" for p in providers)
+            line += f" {ratio(row, 'ours', 'vllm', attr):9.2f} {ratio(row, 'ours', 'copy', attr):9.2f}"
             if attr == "us":
-                line += "".join(f" {cells[p].max_rel_err:9.1e}" if p in cells else f" {'-':>9}"
+                line += "".join(f" {row[p].max_rel_err:9.1e}" if p in row else f" {'-':>9}"
                                 for p in ("ours", "vllm"))
             lines.append(line)
     return "\n".join(lines)
@@ -495,41 +422,34 @@ def mla_bar_verdict(result: dict) -> list[str]:
     list of str
         Nothing for a comparison whose providers or token counts were not run.
     """
-    by_key = _cells(result["rows"])
+    by_key = cells(result["rows"])
     calls = result["meta"].get("amortised_calls", AMORTISED_CALLS)
     out = []
     for mode, attr in (("graph", "us"), (f"amortised x{calls}", "us_amortised")):
         for name, small, other, bar in ((f"T<={BAR_SMALL_TOKENS} {mode}: ours/vllm", True, "vllm", MLA_BAR_PEER),
                                         (f"T>={BAR_LARGE_TOKENS} {mode}: ours/copy", False, "copy", MLA_BAR_COPY)):
-            picked = [(key, _ratio(cells, other, attr)) for key, cells in by_key.items()
+            picked = [(key, ratio(row, "ours", other, attr)) for key, row in by_key.items()
                       if (key[3] <= BAR_SMALL_TOKENS if small else key[3] >= BAR_LARGE_TOKENS)
-                      and "ours" in cells and other in cells]
+                      and "ours" in row and other in row]
             if not picked:
                 continue
-            worst = max(ratio for _, ratio in picked)
+            worst = max(value for _, value in picked)
             out.append(f"{name} worst {worst:.2f} over {len(picked)} rows "
                        f"({'PASS' if worst <= bar else 'FAIL'} <= {bar}; issue 30)")
-            out.extend(f"  over: {key[0]} tp{key[1]} T={key[3]} {ratio:.2f}" for key, ratio in picked
-                       if not ratio <= bar)
+            out.extend(f"  over: {key[0]} tp{key[1]} T={key[3]} {value:.2f}" for key, value in picked
+                       if not value <= bar)
     return out
 
 
 def mla_report(result: dict) -> tuple[str, list[str]]:
-    """The text a run prints and writes, and its failed checks.
+    """The text a run prints and writes, and its failed checks (``report.summary``).
 
     Returns
     -------
     text : str
-        :func:`format_mla_table`; then on CUDA the ``bar:`` lines (:func:`mla_bar_verdict`), on
-        CPU ``bench.CPU_DISCLAIMER``; then ``CHECK FAILED:`` lines.
+        :func:`format_mla_table`; then off the CPU the ``bar:`` lines (:func:`mla_bar_verdict`), on
+        CPU ``report.CPU_DISCLAIMER``; then ``CHECK FAILED:`` lines.
     failures : list of str
-        ``bench.check_rows``' lines (``ours`` only).
+        ``harness.check_rows``' lines (``ours`` only).
     """
-    lines = [format_mla_table(result)]
-    if result["meta"]["device"] == "cpu":
-        lines.append(CPU_DISCLAIMER)
-    else:
-        lines += ["bar: " + line for line in mla_bar_verdict(result)]
-    failures = bench.check_rows(result["rows"])
-    lines += ["CHECK FAILED: " + line for line in failures]
-    return "\n".join(lines), failures
+    return summary(result, format_mla_table(result), mla_bar_verdict(result))

@@ -13,24 +13,29 @@ is what is measured) for:
   op, minus the same compiled function without it.
 
 The ops: the prologue (plain, gated q, mRoPE, v-norm geometries), its in-place form, the KV-cache
-write, and the TP norm at TP 1. CPU runs go through the Triton interpreter: their figures say
+write, the TP norm at TP 1, and the MLA prologue's two launches (``split_qkv_rmsnorm_rope_mla``
+writing the MLA cache, and the q side ``mla_q_rope_``) of DeepSeek-V3 at :data:`MLA_TP` (``unfused``
+and ``compiled`` are ``-`` there: not measured). CPU runs go through the Triton interpreter: their figures say
 nothing of an accelerator's host path, only that the mode works. On the ``meta`` device
 (``--meta``) every tensor is a ``meta`` tensor: the ops validate, look up the launch cache, plan
 and allocate, and launch nothing, so the figures are the Python around the launch on this CPU
 (``torch.ops`` then redispatches to the CPU implementation: the Meta key would run the fake).
+``report.write_host_outputs`` writes the files.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CALLS", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host", "write_host_outputs"]
+from .cases import make_inputs, make_mla_case
+from .catalog import OP
+from .harness import run_meta, triton_version
+from .prologue import unfused_prologue
+
+__all__ = ["CALLS", "CASES", "MLA_TP", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -38,7 +43,10 @@ ROUNDS = 3
 #: On CPU every call runs the interpreter: a few calls show that the mode works.
 CPU_CALLS = 3
 
-#: (label, model, op variant): the geometries and ops timed.
+#: The TP size of the MLA rows (DeepSeek-V3's 128 q heads over 8 ranks: 16 a rank; the latent whole).
+MLA_TP = 8
+#: (label, model, op variant): the geometries and ops timed (the MLA rows' model is a row of
+#: ``ops.models.MLA_MODELS``, at :data:`MLA_TP`).
 CASES = (
     ("Qwen3-8B", "Qwen3-8B", "prologue"),
     ("Qwen3-8B", "Qwen3-8B", "inplace"),
@@ -47,7 +55,13 @@ CASES = (
     ("Qwen3-VL (mRoPE)", "Qwen3-VL-8B", "prologue"),
     ("Gemma-4 (v-norm)", "Gemma-4-31B:sliding", "prologue"),
     ("MiniMax-M2 TP1", "MiniMax-M2", "tp"),
+    ("DeepSeek-V3 TP8 (MLA)", "DeepSeek-V3", "mla"),
+    ("DeepSeek-V3 TP8 (MLA)", "DeepSeek-V3", "mla_q_rope"),
 )
+#: The op each variant calls.
+OP_OF = {"prologue": "split_qkv_rmsnorm_rope", "inplace": "split_qkv_rmsnorm_rope_",
+         "kv_cache": "split_qkv_rmsnorm_rope_kv_cache", "tp": "split_qkv_tp_rmsnorm_rope",
+         "mla": "split_qkv_rmsnorm_rope_mla", "mla_q_rope": "mla_q_rope_"}
 
 
 @dataclass
@@ -82,16 +96,17 @@ def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
 
 def _case(model: str, variant: str, device: torch.device):
     """The direct call, the custom-op call and the unfused eager call of one case (callables)."""
-    from .kernels import custom_ops  # noqa: F401  (registers torch.ops.vllm_ascend_ext)
-    from .bench import make_inputs, unfused_prologue
-    from .ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
+    from ..kernels import custom_ops, mla_ops  # noqa: F401  (register torch.ops.vllm_ascend_ext)
+    from ..ops import (split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_kv_cache,
                       split_qkv_tp_rmsnorm_rope)
-    from .ops.models import model as spec
+    from ..ops.models import model as spec
 
-    geometry = spec(model)
     ops = torch.ops.vllm_ascend_ext
     if device.type == "meta":  # the real implementation through the dispatcher, not the fake
         ops = _Redispatched(ops, torch._C.DispatchKeySet(torch._C.DispatchKey.CPU))
+    if variant in ("mla", "mla_q_rope"):
+        return _mla_case(model, variant, device, ops)
+    geometry = spec(model)
     if variant == "tp":
         args = make_inputs(geometry, 1, device)
         hd = geometry.head_dim
@@ -121,6 +136,28 @@ def _case(model: str, variant: str, device: torch.device):
     return (lambda: split_qkv_rmsnorm_rope(*positional, **keywords),
             lambda: ops.split_qkv_rmsnorm_rope(*positional, **keywords),
             lambda: unfused_prologue(*positional, **keywords), (positional, keywords))
+
+
+def _mla_case(model: str, variant: str, device: torch.device, ops):
+    """The direct and custom-op calls of an MLA case: the prologue writing the combined MLA cache
+    (``"mla"``), or the q side's RoPE in place (``"mla_q_rope"``); the benchmark's inputs
+    (``cases.make_mla_case``, T = 1), drawn on the CPU and moved for a ``meta`` run."""
+    from ..ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
+    from ..ops.models import mla_model
+
+    spec = mla_model(model)
+    case = make_mla_case(spec, spec.heads_at(MLA_TP), 1, "cpu" if device.type == "meta" else device)
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case["args"].items()}
+    q, kv_cache, slots = (case[k].to(device) for k in ("q", "kv_cache", "slot_mapping"))
+    if variant == "mla_q_rope":
+        rope = (moved["cos_sin_cache"], moved["positions"], moved["rope_dim"])
+        return (lambda: mla_q_rope_(q, *rope, is_neox=spec.is_neox),
+                lambda: ops.mla_q_rope_(q, *rope, is_neox=spec.is_neox), None, None)
+    positional = [moved[n] for n in ("qkv_lora", "q_a_weight", "kv_a_weight", "cos_sin_cache", "positions",
+                                     "q_lora_rank", "kv_lora_rank", "rope_dim", "eps")]
+    cache = dict(is_neox=spec.is_neox, kv_cache=kv_cache, slot_mapping=slots)
+    return (lambda: split_qkv_rmsnorm_rope_mla(*positional, **cache),
+            lambda: ops.split_qkv_rmsnorm_rope_mla(*positional, **cache), None, None)
 
 
 class _Redispatched:
@@ -166,15 +203,12 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
             if device.type == "cuda" and variant == "prologue" and extra is not None:
                 compiled = _compiled_delta(*extra, calls, rounds, device)
             rows.append(HostRow(
-                case=label, op={"tp": "split_qkv_tp_rmsnorm_rope", "kv_cache": "split_qkv_rmsnorm_rope_kv_cache",
-                                "inplace": "split_qkv_rmsnorm_rope_"}.get(variant, "split_qkv_rmsnorm_rope"),
+                case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled))
-    from . import bench
-
-    meta = {"mode": "host", "device": bench.run_meta(device, bench.OP)["device"], "calls": calls, "rounds": rounds,
-            "tokens": 1, "torch": torch.__version__, "triton": bench.triton_version()}
+    meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
+            "tokens": 1, "torch": torch.__version__, "triton": triton_version()}
     return {"meta": meta, "rows": rows}
 
 
@@ -190,40 +224,3 @@ def format_host_table(result: dict) -> str:
         lines.append(f"{r.case:22s} {r.op:34s} {cell(r.add_):>6s} {cell(r.unfused):>8s} {cell(r.ours):>6s} "
                      f"{cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s}")
     return "\n".join(lines)
-
-
-def write_host_outputs(result: dict, out_dir: Path, text: str | None = None) -> list[Path]:
-    """``bench_host.csv``, ``.json``, ``.txt`` (the table) and ``.png`` (bars per case) in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records = [asdict(r) for r in result["rows"]]
-    csv_path, json_path = out_dir / "bench_host.csv", out_dir / "bench_host.json"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else [])
-        writer.writeheader()
-        writer.writerows(records)
-    json_path.write_text(json.dumps({"meta": result["meta"], "rows": records}, indent=1))
-    paths = [csv_path, json_path]
-    if text is not None:
-        paths.append(out_dir / "bench_host.txt")
-        paths[-1].write_text(text + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return paths
-    fig, ax = plt.subplots(figsize=(10, 4))
-    names = [f"{r['case']}\n{r['op'].replace('split_qkv_', '')}" for r in records]
-    width = 0.2
-    for i, key in enumerate(("add_", "unfused", "ours", "torch_ops")):
-        ax.bar([x + i * width for x in range(len(records))], [r[key] or 0 for r in records], width, label=key)
-    ax.set_xticks([x + 1.5 * width for x in range(len(records))], names, fontsize=7)
-    ax.set_ylabel("host µs per call (T = 1)")
-    ax.set_title(f"host cost per call, {result['meta']['device']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out_dir / "bench_host.png"
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return paths + [png]
