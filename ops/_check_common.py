@@ -114,7 +114,7 @@ def kv_cache_call(geometry, dtype: str, cos_sin_dtype: str, *, layout: str, cach
 def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool = False, form: str | None = None,
              layout: str = "nd", kv_cache_dtype: str = "auto", storage: str | None = None, is_neox: bool | None = None,
              rope_dim: int | None = None):
-    """The :class:`~.validation.MLACall` of one MLA call on ``spec`` (an ``ops.models.MLASpec``),
+    """The :class:`~.validation_mla.MLACall` of one MLA call on ``spec`` (an ``ops.models.MLASpec``),
     validated by the op's own validator on ``meta`` tensors: ``q_side``, ``mla_q_rope_`` on
     ``[1, heads, nope + rope]``; else ``split_qkv_rmsnorm_rope_mla``, with the cache ``form``
     (``None``: none; ``"combined"``: vLLM's ``[4, 16, Lkv + R]``; ``"split"``: the pair in
@@ -123,7 +123,7 @@ def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool =
     for ``"fp8"``). ``is_neox`` and ``rope_dim`` override the spec's."""
     import torch
 
-    from . import validation
+    from . import validation_mla
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                    "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn, "uint8": torch.uint8}
@@ -136,7 +136,7 @@ def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool =
     cos = meta((4096, r), cos_sin_dtype) if r else None
     positions = meta((1,), "fp32").to(torch.int64) if r else None
     if q_side:
-        return validation.mla_q_rope_(meta((1, heads, spec.nope_dim + r), dtype), cos, positions, r, is_neox=neox)
+        return validation_mla.mla_q_rope_(meta((1, heads, spec.nope_dim + r), dtype), cos, positions, r, is_neox=neox)
     lq, lkv = spec.q_lora_rank, spec.kv_lora_rank
     kv_cache = slots = scale = None
     if form is not None:
@@ -154,7 +154,7 @@ def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool =
         slots = meta((1,), "fp32").to(torch.int64)
         if kv_cache_dtype != "auto":
             scale = meta((1,), "fp32")
-    return validation.split_qkv_rmsnorm_rope_mla(
+    return validation_mla.split_qkv_rmsnorm_rope_mla(
         meta((1, lq + lkv + r), dtype), meta((lq,), dtype) if lq else None, meta((lkv,), dtype), cos, positions,
         lq, lkv, r, spec.eps, is_neox=neox, kv_cache=kv_cache, slot_mapping=slots, kv_cache_dtype=kv_cache_dtype,
         k_scale=scale, cache_layout=layout)

@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch_cache, validation
+from . import launch_cache, validation, validation_mla
 from .split_qkv_rmsnorm_rope import cache_row, cos_sin_rows, kv_cache_rows, store
 from .tiling import mla_plan_for
 from .triton_launcher import BoundKernel, interpreted
@@ -326,10 +326,10 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
     Raises
     ------
     ValueError
-        On a bad argument, naming it (:func:`.validation.split_qkv_rmsnorm_rope_mla`); on CPU
+        On a bad argument, naming it (:func:`.validation_mla.split_qkv_rmsnorm_rope_mla`); on CPU
         tensors without Triton's interpreter.
     """
-    return launch_cache.prepared(_CACHE, locals(), validation.split_qkv_rmsnorm_rope_mla, PreparedMLA,
+    return launch_cache.prepared(_CACHE, locals(), validation_mla.split_qkv_rmsnorm_rope_mla, PreparedMLA,
                                  TOKEN_KEYS).run_prologue(locals())
 
 
@@ -351,13 +351,13 @@ class PreparedMLA:
 
     Parameters
     ----------
-    call : vllm_ascend_ext.ops.validation.MLACall
+    call : vllm_ascend_ext.ops.validation_mla.MLACall
         What the validator returned.
     args : dict
         The first call's arguments by name (``qkv_lora`` or ``q`` gives the device).
     """
 
-    def __init__(self, call: validation.MLACall, args: dict):
+    def __init__(self, call: validation_mla.MLACall, args: dict):
         self.call = call
         x = args["qkv_lora"] if "qkv_lora" in args else args["q"]
         self.device = x.device
@@ -476,13 +476,13 @@ def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
     Raises
     ------
     ValueError
-        On a bad argument, naming it (:func:`.validation.mla_q_rope_`).
+        On a bad argument, naming it (:func:`.validation_mla.mla_q_rope_`).
     """
-    return launch_cache.prepared(_Q_CACHE, locals(), validation.mla_q_rope_, PreparedMLA,
+    return launch_cache.prepared(_Q_CACHE, locals(), validation_mla.mla_q_rope_, PreparedMLA,
                                  Q_TOKEN_KEYS).run_q_rope(locals())
 
 
-def constexprs(call: validation.MLACall, plan) -> dict:
+def constexprs(call: validation_mla.MLACall, plan) -> dict:
     """The kernel's compile-time arguments for one validated call and plan."""
     shape, cache = call.shape, call.cache
     return dict(

@@ -31,7 +31,7 @@ from triton.runtime.errors import OutOfResources
 
 from vllm_ascend_ext.bench.cases import make_mla_case
 from vllm_ascend_ext.bench.timing import Timer, copy_replay
-from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation
+from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation_mla
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.tiling import MLAPlan, MLAShape, cuda
@@ -52,9 +52,10 @@ def _bytes(spec, heads: int, tokens: int) -> tuple[int, int]:
 def _shapes(case: dict) -> tuple[MLAShape, MLAShape]:
     """The prologue's and the q side's plan shapes, as the validator gives them."""
     args = case["args"]
-    call = validation.split_qkv_rmsnorm_rope_mla(**args, kv_cache=case["kv_cache"], slot_mapping=case["slot_mapping"])
-    q_call = validation.mla_q_rope_(case["q"], args["cos_sin_cache"], args["positions"], args["rope_dim"],
-                                    is_neox=args["is_neox"])
+    call = validation_mla.split_qkv_rmsnorm_rope_mla(**args, kv_cache=case["kv_cache"],
+                                                     slot_mapping=case["slot_mapping"])
+    q_call = validation_mla.mla_q_rope_(case["q"], args["cos_sin_cache"], args["positions"], args["rope_dim"],
+                                        is_neox=args["is_neox"])
     return call.shape, q_call.shape
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from op_checks import TOLERANCES, check_sentinels, make_slots, random_bits
-from vllm_ascend_ext.ops import reference, settings, tiling, validation
+from vllm_ascend_ext.ops import reference, settings, tiling, validation_mla
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.reference import make_mla_inputs
@@ -113,7 +113,7 @@ def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None
     rows = qkv.as_strided((qkv.shape[0], qkv.stride(0)), (qkv.stride(0), 1)) if qkv.shape[0] else qkv
     rows_before = rows.clone()
     before = _clone_cache(cache["kv_cache"]) if cache else None
-    shape = validation.split_qkv_rmsnorm_rope_mla(**args, **cache).shape
+    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**args, **cache).shape
     forced = tiling.forced(plan=plan_of(plan, shape, qkv.device)) if plan else tiling.forced()
     with forced:
         q_c, kv_c, k_pe = split_qkv_rmsnorm_rope_mla(**args, **cache)
@@ -141,7 +141,7 @@ def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None
 def looping_tokens(dims, plan: str, device) -> list[int]:
     """0, 1, 3, a token block, one past it, two and one past, and (where the interpreter affords it)
     enough tiles that programs loop."""
-    shape = validation.split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*dims, 1, device=device)).shape
+    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*dims, 1, device=device)).shape
     p = plan_of(plan, shape, device)
     bt = p.block_tokens
     counts = {0, 1, 3, bt, bt + 1, 2 * bt + 1}
@@ -320,7 +320,7 @@ def run_q_and_check(device, tokens: int, heads: int, head_dim: int, rope_dim: in
     cos, positions = rope["cos_sin_cache"], rope["positions"]
     before, backing_before = q.clone(), backing.clone()
     want = reference.mla_q_rope(before, cos, positions, rope_dim, is_neox=is_neox)
-    shape = validation.mla_q_rope_(q, cos, positions, rope_dim, is_neox=is_neox).shape
+    shape = validation_mla.mla_q_rope_(q, cos, positions, rope_dim, is_neox=is_neox).shape
     forced = tiling.forced(plan=plan_of(plan, shape, device)) if plan else tiling.forced()
     with forced:
         out = mla_q_rope_(q, cos, positions, rope_dim, is_neox=is_neox)
@@ -374,7 +374,7 @@ def test_call_and_constexprs_do_not_depend_on_the_token_count(device):
     calls = []
     for tokens in (1, 2, 17, 64):
         args = make_mla_inputs(*SMALL, tokens, device=device, generator=g)
-        calls.append(validation.split_qkv_rmsnorm_rope_mla(**args, **make_cache(args, "combined", generator=g)))
+        calls.append(validation_mla.split_qkv_rmsnorm_rope_mla(**args, **make_cache(args, "combined", generator=g)))
     assert all(c == calls[0] for c in calls) and len({hash(c) for c in calls}) == 1
     plan = tiling.mla_plan_for(device, calls[0].shape)
     assert op_module.constexprs(calls[0], plan) == op_module.constexprs(calls[-1], plan)

@@ -404,7 +404,7 @@ def settle_mla_geometries(state: WorkerState, layers: dict, dtype: torch.dtype) 
     counts its layers in the total, not in the fused), with one WARNING for all of them (there is
     no AscendC MLA kernel to fall back to). The MLA plans of the fused geometries join the digest.
     """
-    from ..ops import validation
+    from ..ops import validation_mla
     from ..ops.tiling import mla_plan_for
 
     cases = mla_warm_up_cases(state, layers, dtype)
@@ -420,7 +420,7 @@ def settle_mla_geometries(state: WorkerState, layers: dict, dtype: torch.dtype) 
         if case.geometry in failures:
             continue
         for name, args, kwargs in mla_op_calls(case, dtype, torch.device("cpu")):
-            shape = getattr(validation, name)(*args, **kwargs).shape
+            shape = getattr(validation_mla, name)(*args, **kwargs).shape
             plan = mla_plan_for(state.device, shape)
             plans.append({"mla": asdict(shape), "plan": {k: v for k, v in sorted(vars(plan).items())
                                                          if isinstance(v, (int, float, str, bool))}})

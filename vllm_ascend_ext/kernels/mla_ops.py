@@ -36,8 +36,8 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
     ``(a!)`` op), as the GQA in-place op does.
 
 Each op has a fake implementation that runs the op's one validator
-(:func:`vllm_ascend_ext.ops.validation.split_qkv_rmsnorm_rope_mla`,
-:func:`~vllm_ascend_ext.ops.validation.mla_q_rope_`) on the traced example's sizes (symbolic sizes
+(:func:`vllm_ascend_ext.ops.validation_mla.split_qkv_rmsnorm_rope_mla`,
+:func:`~vllm_ascend_ext.ops.validation_mla.mla_q_rope_`) on the traced example's sizes (symbolic sizes
 through :func:`vllm_ascend_ext.kernels.schema.traced_example`), so a call the real op refuses is
 refused while tracing, with the same ``ValueError``. The real implementations (CPU, CUDA,
 PrivateUse1) call the Triton ops; nothing here synchronises the host.
@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 
 from . import custom_ops, schema
-from ..ops import validation
+from ..ops import validation_mla
 
 __all__ = ["MLA_OP_NAME", "MLA_SCHEMA", "Q_ROPE_OP_NAME", "Q_ROPE_SCHEMA", "cache_argument", "mla_op",
            "q_rope_op"]
@@ -108,7 +108,7 @@ def _mla_impl(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lor
 def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank,
                       rope_dim, eps=1e-6, *, is_neox=False, kv_cache=None, rope_cache=None, slot_mapping=None,
                       kv_cache_dtype="auto", k_scale=None, cache_layout="nd",
-                      split_cache=False) -> validation.MLACall:
+                      split_cache=False) -> validation_mla.MLACall:
     """The op's one validator as the fake implementation runs it (tensors of symbolic sizes
     through stand-ins of the traced example's sizes).
 
@@ -119,7 +119,7 @@ def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, position
     """
     ex = schema.traced_example
     cache = cache_argument(ex(kv_cache), ex(rope_cache), split_cache)
-    return validation.split_qkv_rmsnorm_rope_mla(
+    return validation_mla.split_qkv_rmsnorm_rope_mla(
         ex(qkv_lora), ex(q_a_weight), ex(kv_a_weight), ex(cos_sin_cache), ex(positions), q_lora_rank, kv_lora_rank,
         rope_dim, eps, is_neox=is_neox, kv_cache=cache, slot_mapping=ex(slot_mapping),
         kv_cache_dtype=kv_cache_dtype, k_scale=ex(k_scale), cache_layout=cache_layout)
@@ -144,7 +144,7 @@ def _q_rope_impl(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
 
 def _q_rope_fake(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):
     ex = schema.traced_example
-    validation.mla_q_rope_(ex(q), ex(cos_sin_cache), ex(positions), rope_dim, is_neox=is_neox)
+    validation_mla.mla_q_rope_(ex(q), ex(cos_sin_cache), ex(positions), rope_dim, is_neox=is_neox)
 
 
 def _register() -> torch.library.Library:
