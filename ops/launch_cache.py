@@ -20,12 +20,13 @@ several threads (a dict read needs no lock; an insertion takes one), and cleared
 
 from __future__ import annotations
 
+import operator
 import threading
 
 import torch
 
-__all__ = ["MAX_ENTRIES", "TOKEN_KEYS", "LaunchCache", "call_key", "clear", "positions_key", "prepared", "rows_key",
-           "slots_key", "stats", "tensor_key", "tokens_agree"]
+__all__ = ["MAX_ENTRIES", "TOKEN_KEYS", "LaunchCache", "ZeroWidth", "call_key", "clear", "positions_key", "prepared",
+           "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
 
 #: Entries per cache: a model has a few layer geometries, each with at most three token-count
 #: buckets (0, 1, more) per cache; 256 leaves room for many models and tests in one process.
@@ -53,18 +54,6 @@ class LaunchCache:
         self.hits = 0
         _caches.append(self)
 
-    def get(self, key):
-        """The entry for ``key``, or ``None`` (``key`` ``None``, or unhashable: never cached)."""
-        if key is None:
-            return None
-        try:
-            entry = self._entries.get(key)
-        except TypeError:  # an unhashable argument: the full path, every time
-            return None
-        if entry is not None:
-            self.hits += 1
-        return entry
-
     def put(self, key, entry):
         """Store ``entry`` under ``key`` (not when ``key`` is ``None``) and return it."""
         self.misses += 1
@@ -89,6 +78,42 @@ class LaunchCache:
         return len(self._entries)
 
 
+class ZeroWidth:
+    """The ``[T, 0]`` outputs of one entry's calls: per token count, ``count`` distinct tensors
+    made once and returned by every call of that count.
+
+    A ``[T, 0]`` tensor holds no element, so sharing one between calls shares no data; distinct
+    tensors keep the outputs of one call from aliasing each other (a functional custom op's
+    rule). They are made outside inference mode, so they serve calls in and out of it alike. A
+    caller that changes one's metadata in place (``resize_``, ``set_``) changes every call's.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+    device : torch.device
+    count : int
+        Tensors per token count.
+    """
+
+    #: Token counts kept (a bound on the per-count dict; past it the dict starts over).
+    MAX_TOKEN_COUNTS = 4096
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, count: int):
+        self._made: dict[int, tuple] = {}
+        self._dtype, self._device, self._count = dtype, device, count
+
+    def __call__(self, num_tokens: int) -> tuple:
+        made = self._made.get(num_tokens)
+        if made is None:
+            with torch.inference_mode(False):
+                made = tuple(torch.empty((num_tokens, 0), dtype=self._dtype, device=self._device)
+                             for _ in range(self._count))
+            if len(self._made) >= self.MAX_TOKEN_COUNTS:
+                self._made.clear()
+            self._made[num_tokens] = made
+        return made
+
+
 def clear() -> None:
     """Empty every launch cache of the process (the next call of each key validates fully)."""
     for cache in _caches:
@@ -105,27 +130,81 @@ def call_key(args: dict, token_keys: dict):
     ``None`` when the call is not to be cached.
 
     Tensors enter as :func:`tensor_key`, except those named in ``token_keys`` (name -> function
-    of the tensor), whose sizes include the token count; scalars with their type (``True`` is
-    not ``1`` to the validator); lists and tuples as tuples; other objects (a process group, a
-    callable) as themselves. A tensor that requires grad while grad mode is on makes the key
-    ``None``: the validator refuses the call, every time.
+    of the tensor), whose sizes include the token count; every argument's type (``True`` is not
+    ``1`` to the validator); lists and tuples as tuples (of :func:`tensor_key` for tensors);
+    other objects (a process group, a callable) as themselves. A tensor that requires grad while
+    grad mode is on makes the key ``None``: the validator refuses the call, every time.
+
+    Which argument is keyed how depends only on the names and types of the arguments: that is
+    worked out once per (names, types) (:class:`_KeyPlan`), so a call costs the tensors' reads
+    and a few C-level gathers, not a Python pass over every argument.
     """
-    grad = torch.is_grad_enabled()
-    values, kinds = [], []
-    for name, value in args.items():
-        kind = type(value)
-        if kind is torch.Tensor or isinstance(value, torch.Tensor):
-            if grad and value.requires_grad:
+    values = tuple(args.values())
+    kinds = tuple(map(type, values))
+    signature = (tuple(args), kinds, id(token_keys))
+    plan = _PLANS.get(signature)
+    if plan is None or plan.token_keys is not token_keys:
+        plan = _KeyPlan(signature, token_keys)
+    if plan.tensors and torch.is_grad_enabled():
+        for t in plan.tensors(values):
+            if t.requires_grad:
                 return None
-            special = token_keys.get(name)
-            values.append(tensor_key(value) if special is None else special(value))
-        elif kind is list or kind is tuple:  # mRoPE's sections; MLA's (nope, rope) caches
-            values.append(tuple(tensor_key(v) if isinstance(v, torch.Tensor) else (v, type(v)) for v in value))
-            kind = tuple  # the validators take a list as the same tuple (int[] reaches an op as a list)
-        else:
-            values.append(value)
-        kinds.append(kind)
-    return tuple(values), tuple(kinds)
+    return (plan, plan.scalars(values),
+            tuple(map(tensor_key, plan.plain(values))),
+            tuple([fn(values[i]) for i, fn in plan.special]),
+            tuple([_sequence_key(values[i]) for i in plan.sequences]))
+
+
+#: The key plans by (argument names, argument types, token keys), bounded as a cache is.
+_PLANS: dict = {}
+
+
+def _gather(positions: list):
+    """A function of a tuple that returns the tuple of its items at ``positions`` (C-level)."""
+    if not positions:
+        return lambda values: ()
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*positions)
+
+
+class _KeyPlan:
+    """How :func:`call_key` keys the calls whose arguments have one set of names and types:
+    which positions are plain tensors (:func:`tensor_key`), token-sized tensors (their
+    ``token_keys`` function), sequences, and everything else (keyed as itself). The plan is the
+    key's first item, so the names and types are in the key by identity."""
+
+    __slots__ = ("plain", "scalars", "sequences", "special", "tensors", "token_keys")
+
+    def __init__(self, signature: tuple, token_keys: dict):
+        names, kinds, _ = signature
+        plain, special, sequences, scalars, tensors = [], [], [], [], []
+        for i, (name, kind) in enumerate(zip(names, kinds)):
+            if issubclass(kind, torch.Tensor):
+                tensors.append(i)
+                fn = token_keys.get(name)
+                if fn is None:
+                    plain.append(i)
+                else:
+                    special.append((i, fn))
+            elif kind is list or kind is tuple:
+                sequences.append(i)
+            else:
+                scalars.append(i)
+        self.token_keys = token_keys
+        self.plain, self.scalars, self.tensors = _gather(plain), _gather(scalars), tensors and _gather(tensors)
+        self.special, self.sequences = tuple(special), tuple(sequences)
+        if len(_PLANS) >= MAX_ENTRIES:
+            _PLANS.clear()
+        _PLANS[signature] = self
+
+
+def _sequence_key(value) -> tuple:
+    """A list or tuple argument (mRoPE's sections, a list through ``torch.ops``; MLA's (nope, rope)
+    caches) as a tuple; the list and the tuple of one value are two keys (their types differ), each
+    validated once."""
+    return tuple(tensor_key(v) if isinstance(v, torch.Tensor) else (v, type(v)) for v in value)
 
 
 def tensor_key(t):
@@ -137,13 +216,12 @@ def tensor_key(t):
     return t.dtype, t.device, t.shape, t.stride(), not t.data_ptr() & 15
 
 
-
-
 def rows_key(t):
     """The key of a tensor whose first dim is the token count (qkv): all but that count, which is
     bucketed (0, 1, more: the validators' row-stride rules look at more than one row)."""
-    tokens = t.shape[0]
-    return t.dtype, t.device, t.shape[1:], t.stride(), not t.data_ptr() & 15, tokens if tokens < 2 else 2
+    shape = t.shape
+    tokens = shape[0]
+    return t.dtype, t.device, shape[1:], t.stride(), not t.data_ptr() & 15, tokens if tokens < 2 else 2
 
 
 def positions_key(positions):
@@ -181,15 +259,18 @@ def prepared(cache: LaunchCache, args: dict, validate, make, token_keys: dict, e
     raising ``ValueError`` on a bad argument). A hit re-checks what the key leaves open
     (``entry.tokens_agree(args)``: the token counts of positions and slot mapping) and on a
     mismatch validates fully, which raises. ``token_keys``: as :func:`call_key`; ``extra``: more
-    of the key (the implementation requested, for the selector's cache).
+    of the key (the implementation requested, for the selector's cache). A call without a key
+    (:func:`call_key` gives ``None`` or fails; an unhashable argument) validates every time.
     """
     try:
         key = call_key(args, token_keys)
-    except (AttributeError, TypeError, RuntimeError):  # no tensor where one belongs, say
+        if key is not None:
+            if extra is not None:
+                key = (key, extra)
+            entry = cache._entries.get(key)
+            if entry is not None and entry.tokens_agree(args):
+                cache.hits += 1
+                return entry
+    except (AttributeError, TypeError, RuntimeError):  # no tensor where one belongs, an unhashable argument
         key = None
-    if key is not None and extra is not None:
-        key = (key, extra)
-    entry = cache.get(key)
-    if entry is not None and entry.tokens_agree(args):
-        return entry
     return cache.put(key, make(validate(**args), args))

@@ -89,8 +89,9 @@ __all__ = ["TOKEN_KEYS", "Prepared", "launch", "split_qkv_rmsnorm_rope"]
 
 
 def _new_output(qkv: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
-    """Allocate one out-of-place output (the tests poison it through this seam)."""
-    return qkv.new_empty((num_tokens, columns))
+    """Allocate one out-of-place output (the tests poison it through this seam). Sizes as two
+    integers: a tuple costs the argument parser half as much again as the allocation."""
+    return qkv.new_empty(num_tokens, columns)
 
 
 @triton.jit
@@ -888,9 +889,14 @@ def launch(cache: launch_cache.LaunchCache, args: dict, validate, make=None, ext
 #: (Triton 3.2-3.6: no driver; 3.7: helpers defined for a device called from the interpreter).
 _LATE_INTERPRETER = ("0 active drivers", "outside of the scope of a kernel")
 
-#: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index.
+#: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index:
+#: qkv, the outputs (``None`` where the call has none of its own), then :data:`INPUTS`, then the
+#: TP op's sums.
 (QKV, Q, K, GATE, V, Q_W, K_W, Q_B, K_B, CACHE, POS, K_CACHE, V_CACHE, SLOTS, K_SCALE, V_SCALE,
  SUMS) = range(17)
+#: The input tensors after the outputs, by argument name (an op without one passes ``None``).
+INPUTS = ("q_weight", "k_weight", "q_bias", "k_bias", "cos_sin_cache", "positions", "key_cache", "value_cache",
+          "slot_mapping", "k_scale", "v_scale")
 
 
 class Prepared:
@@ -916,53 +922,83 @@ class Prepared:
 
     def __init__(self, call: validation.Call, args: dict):
         self.call = call
-        self.device = device = args["qkv"].device
-        shape = call.shape
+        qkv = args["qkv"]
+        self.device = device = qkv.device
+        shape, kv = call.shape, call.kv_cache
         self.q_cols, self.kv_cols = shape.num_q_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
         self.k_col = shape.num_q_heads * shape.q_head_stride
+        self.v_col = self.k_col + self.kv_cols
+        self.inplace, self.q_gate, self.mrope = call.inplace, call.q_gate, shape.mrope
+        #: The cache write returns no k and v ([T, 0]); k, v written to outputs (the kernel's
+        #: K_WRITES_OUT, V_WRITES_OUT).
+        self.kv_dropped = kv is not None and not kv.return_kv
+        self.k_writes = not self.kv_dropped
+        self.v_writes = call.v_norm and self.k_writes
         self.launches = device.type != "meta"
+        self.zero_width = launch_cache.ZeroWidth(qkv.dtype, device, 3)
+        self._zero_in_api = self.kv_dropped or not self.kv_cols  # the API's k (and v) are [T, 0]
         validation.check_runnable(device, interpreted(split_qkv_rmsnorm_rope_kernel))
         self._per_tokens: dict[int, tuple] = {}
         self._bound: dict = {}
 
     tokens_agree = staticmethod(launch_cache.tokens_agree)
 
-    def run(self, args: dict, norm_sums=None):
+    def run(self, args: dict, norm_sums=None, functional: bool = False):
         """Launch the call on ``args`` (the op's arguments by name; a TP call passes its summed
-        ``[T, 2]`` ``norm_sums``): ``(q, k, v)``, and the gate after them with ``q_gate``."""
-        call, qkv = self.call, args["qkv"]
+        ``[T, 2]`` ``norm_sums``).
+
+        Returns
+        -------
+        tuple of torch.Tensor or None
+            ``(q, k, v)``, and the gate after them with ``q_gate``, as the op's API returns them.
+            With ``functional``, as a functional custom op returns them: always four, ``(q, k,
+            v, gate)``, none a view of qkv or of another: a ``[T, 0]`` tensor of its own
+            (:class:`~.launch_cache.ZeroWidth`) where the API returns a view of qkv or nothing;
+            ``None`` with ``inplace`` (every output is qkv's), and no view is made.
+        """
+        qkv = args["qkv"]
         num_tokens = qkv.shape[0]
-        kv = call.kv_cache
-        v = qkv[:, self.k_col + self.kv_cols:self.k_col + 2 * self.kv_cols]
-        if call.inplace:
-            q, k = qkv[:, :self.q_cols], qkv[:, self.k_col:self.k_col + self.kv_cols]
-        else:
+        zero = self.zero_width(num_tokens) if functional or self._zero_in_api else None
+        inplace = self.inplace
+        # The outputs the kernel writes that are tensors of their own (in place: qkv's columns).
+        q = k = v = gate = None
+        if not inplace:
             q = _new_output(qkv, num_tokens, self.q_cols)
-            k = _new_output(qkv, num_tokens, self.kv_cols)
-            if call.v_norm:
+            if self.k_writes:
+                k = _new_output(qkv, num_tokens, self.kv_cols) if self.kv_cols else zero[0]
+            if self.v_writes:
                 v = _new_output(qkv, num_tokens, self.kv_cols)
-        if kv is not None and not kv.return_kv:
-            k = v = qkv.new_empty((num_tokens, 0))
-        gate = _new_output(qkv, num_tokens, self.q_cols) if call.q_gate else None
-        outputs = (q, k, v) if gate is None else (q, k, v, gate)
-        if num_tokens == 0 or not self.launches:
-            return outputs
-        positions = args["positions"]
-        sources = (qkv, q, k, gate, v, args["q_weight"], args["k_weight"], args.get("q_bias"), args.get("k_bias"),
-                   args["cos_sin_cache"], positions, args.get("key_cache"), args.get("value_cache"),
-                   args.get("slot_mapping"), args.get("k_scale"), args.get("v_scale"), norm_sums)
+        if self.q_gate:
+            gate = _new_output(qkv, num_tokens, self.q_cols)
+        if num_tokens and self.launches:
+            self._launch(args, qkv, num_tokens, (qkv, q, k, gate, v, *map(args.get, INPUTS), norm_sums))
+        if functional:
+            if inplace:
+                return None
+            return (q, zero[0] if k is None else k, zero[1] if v is None else v, zero[2] if gate is None else gate)
+        if inplace:
+            q = qkv[:, :self.q_cols]
+            k = qkv[:, self.k_col:self.v_col]
+        if self.kv_dropped:
+            k = v = zero[0]
+        elif v is None:
+            v = qkv[:, self.v_col:self.v_col + self.kv_cols]
+        return (q, k, v) if gate is None else (q, k, v, gate)
+
+    def _launch(self, args: dict, qkv: torch.Tensor, num_tokens: int, sources: tuple) -> None:
+        """The kernel on ``sources`` (by :data:`QKV`... index) for ``num_tokens`` tokens."""
         launch = self._per_tokens.get(num_tokens)
         if launch is None:
             launch = self._plan(num_tokens, sources)
         grid, bound = launch
         try:
-            bound(grid, sources, (num_tokens, positions.stride(0) if call.shape.mrope else 0))
+            bound(grid, sources, (num_tokens, args["positions"].stride(0) if self.mrope else 0))
         except Exception as exc:
             if self.device.type == "cpu" and any(sign in str(exc) for sign in _LATE_INTERPRETER):
                 validation.check_runnable(self.device, interpreted=False)  # raises, naming the variable
             raise
-        call.mark_written(qkv)
-        return outputs
+        if self.inplace:
+            self.call.mark_written(qkv)
 
     def _plan(self, num_tokens: int, sources: tuple) -> tuple:
         """The grid and bound kernel for ``num_tokens`` (kept per token count)."""
@@ -978,14 +1014,24 @@ class Prepared:
         return grid, bound
 
     def _bind(self, plan, grid: int, sources: tuple, num_tokens: int) -> BoundKernel:
-        """The kernel's arguments for ``plan`` (tensors by source index), bound once."""
+        """The kernel's arguments for ``plan`` (tensors by source index), bound once. An output
+        the kernel does not write points at q's (never dereferenced); in place, q, k and v are
+        qkv's columns."""
         call, shape = self.call, self.call.shape
         qkv, q, k, gate, v, cache, positions = (sources[i] for i in (QKV, Q, K, GATE, V, CACHE, POS))
         kv = call.kv_cache
         ks, vs = (kv.key_strides, kv.value_strides) if kv is not None else (None, None)
+        if self.inplace:
+            q_out, k_out, v_out = QKV, (QKV, self.k_col), (QKV, self.v_col)
+            q_stride = k_stride = v_stride = qkv.stride(0)
+        else:
+            q_out, k_out, v_out = Q, K, V
+            q_stride, k_stride, v_stride = (t.stride(0) if t is not None else 0 for t in (q, k, v))
+        k_written, v_written = self.k_writes and self.kv_cols > 0, self.v_writes
         tensors = dict(
-            qkv_ptr=QKV, q_out_ptr=Q, k_out_ptr=K if k.shape[1] else Q, gate_out_ptr=Q if gate is None else GATE,
-            v_out_ptr=V if v.shape[1] else Q, q_w_ptr=Q_W if call.q_norm else QKV,
+            qkv_ptr=QKV, q_out_ptr=q_out, k_out_ptr=k_out if k_written else q_out,
+            gate_out_ptr=GATE if self.q_gate else q_out, v_out_ptr=v_out if v_written else q_out,
+            q_w_ptr=Q_W if call.q_norm else QKV,
             k_w_ptr=K_W if call.k_norm else QKV, q_b_ptr=Q_B if call.q_bias else QKV,
             k_b_ptr=K_B if call.k_bias else QKV, cache_ptr=CACHE, pos_ptr=POS,
             k_cache_ptr=QKV if kv is None else K_CACHE,
@@ -997,9 +1043,9 @@ class Prepared:
         scalars = dict(
             num_tokens=num_tokens, pos_axis_stride=positions.stride(0) if shape.mrope else 0,
             sums_tp=call.tp_size, max_position=cache.shape[0],
-            qkv_stride=qkv.stride(0), q_out_stride=q.stride(0), k_out_stride=k.stride(0) if k.shape[1] else 0,
-            gate_out_stride=q.stride(0) if gate is None else gate.stride(0),
-            v_out_stride=v.stride(0) if v.shape[1] else 0,
+            qkv_stride=qkv.stride(0), q_out_stride=q_stride, k_out_stride=k_stride if k_written else 0,
+            gate_out_stride=gate.stride(0) if self.q_gate else q_stride,
+            v_out_stride=v_stride if v_written else 0,
             cache_stride=cache.stride(0), pos_stride=positions.stride(-1),
             eps=call.eps, weight_offset=call.weight_offset,
             block_size=ks.block_size if ks else 1,

@@ -88,8 +88,9 @@ __all__ = ["PreparedMLA", "mla_q_rope_", "split_qkv_rmsnorm_rope_mla"]
 
 
 def _new_output(x: torch.Tensor, num_tokens: int, columns: int) -> torch.Tensor:
-    """Allocate one output (the tests poison it through this seam)."""
-    return x.new_empty((num_tokens, columns))
+    """Allocate one output (the tests poison it through this seam); sizes as two integers, as
+    :func:`.split_qkv_rmsnorm_rope._new_output` (cheaper to parse than a tuple)."""
+    return x.new_empty(num_tokens, columns)
 
 
 @triton.jit

@@ -179,7 +179,7 @@ class PreparedTP:
     def sums(self, qkv: torch.Tensor) -> torch.Tensor:
         """Kernel 1 on ``qkv``: its ``[T, 2]`` fp32 sums (unlaunched at ``T == 0`` or on meta)."""
         num_tokens = qkv.shape[0]
-        sums = torch.empty((num_tokens, 2), dtype=torch.float32, device=qkv.device)
+        sums = qkv.new_empty(num_tokens, 2, dtype=torch.float32)
         if num_tokens == 0 or not self.prologue.launches:
             return sums
         grid = self._plan.grid(num_tokens)
@@ -192,9 +192,10 @@ class PreparedTP:
         self._bound(grid, (qkv, sums), (num_tokens,))
         return sums
 
-    def run(self, args: dict):
-        """The sums, their all-reduce over the group (``tp_size > 1``), the prologue: ``(q, k, v)``."""
+    def run(self, args: dict, functional: bool = False):
+        """The sums, their all-reduce over the group (``tp_size > 1``), the prologue: ``(q, k, v)``
+        (``functional``: ``(q, k, v, gate)`` as :meth:`.Prepared.run` gives them, v and gate ``[T, 0]``)."""
         sums = self.sums(args["qkv"])
         if self.call.tp_size > 1 and sums.shape[0] > 0:
             sums = _all_reduce(sums, args["all_reduce"])
-        return self.prologue.run(args, norm_sums=sums)
+        return self.prologue.run(args, norm_sums=sums, functional=functional)

@@ -80,25 +80,35 @@ def direct_unavailable_reason(kernel=None) -> str | None:
     return _PLAIN_REASON or None
 
 
+def _unit(source) -> tuple[int, int]:
+    """A pointer argument's source as ``(index, column)`` (an index alone is column 0)."""
+    return (source, 0) if isinstance(source, int) else tuple(source)
+
+
 class _Direct:
-    """The compiled kernel and the argument template of :class:`BoundKernel`'s direct path."""
+    """The compiled kernel and the argument template of :class:`BoundKernel`'s direct path.
+
+    Per call only the addresses (one per distinct source and column) and the run-time integers
+    change; everything else is the template, copied."""
 
     __slots__ = ("aligned", "device", "function", "packed", "ptr_slots", "run", "runtime_slots", "stream",
-                 "template", "used")
+                 "template", "units")
 
-    def __init__(self, kernel, tensors: dict[str, int], kwargs: dict, grid: int, runtime: tuple[str, ...],
-                 sources: tuple):
+    def __init__(self, kernel, tensors: dict, kwargs: dict, grid: int, runtime: tuple[str, ...], sources: tuple):
         from triton.runtime import driver
 
         compiled = kernel.warmup(grid=(grid,), **kwargs)
         compiled._init_handles()
         names = list(kernel.arg_names)
         self.template = [kwargs[name] for name in names]
-        self.ptr_slots = tuple((names.index(name), index) for name, index in tensors.items())
+        units = sorted({_unit(source) for source in tensors.values()})
+        # (source index, byte offset) per distinct address; the column's bytes from the source's dtype.
+        self.units = tuple((i, column * sources[i].element_size()) for i, column in units)
+        self.ptr_slots = tuple((names.index(name), units.index(_unit(source))) for name, source in tensors.items())
         self.runtime_slots = tuple(names.index(name) for name in runtime)
-        self.used = tuple(sorted(set(tensors.values())))
-        # The sources the kernel was specialised as 16-byte aligned: a later call must match.
-        self.aligned = tuple(i for i in self.used if not sources[i].data_ptr() & 15)
+        # The addresses the kernel was specialised as 16-byte aligned: a later call must match.
+        self.aligned = tuple(j for j, (i, offset) in enumerate(self.units)
+                             if not (sources[i].data_ptr() + offset) & 15)
         self.run = compiled.run
         self.function = compiled.function
         self.packed = compiled.packed_metadata
@@ -113,8 +123,10 @@ class BoundKernel:
     ----------
     kernel : triton.runtime.JITFunction
         The kernel.
-    tensors : dict of str to int
-        Each pointer argument's source: an index into ``sources``.
+    tensors : dict of str to int or (int, int)
+        Each pointer argument's source: an index into ``sources``, or ``(index, column)`` for the
+        address ``column`` elements into that 2-D source's rows (``source[:, column:]``, which the
+        direct path never makes: it adds the bytes to the source's address).
     scalars : dict
         Every other argument by name (integers, floats, constexprs) and the launch options
         (``num_warps``...), as the first call has them.
@@ -126,44 +138,44 @@ class BoundKernel:
         The first call's grid (programs along axis 0).
     """
 
-    def __init__(self, kernel, tensors: dict[str, int], scalars: dict, sources: tuple, runtime: tuple[str, ...],
-                 grid: int):
+    def __init__(self, kernel, tensors: dict, scalars: dict, sources: tuple, runtime: tuple[str, ...], grid: int):
         self._kernel = kernel
-        self._tensors = tensors
+        self._tensors = {name: _unit(source) for name, source in tensors.items()}
         self._template = dict(scalars)
         self._runtime = runtime
         self.direct_reason = direct_unavailable_reason(kernel)
         self._direct = None
         if self.direct_reason is None:
-            kwargs = dict(scalars)
-            kwargs.update((name, sources[i]) for name, i in tensors.items())
-            self._direct = _Direct(kernel, tensors, kwargs, grid, runtime, sources)
+            self._direct = _Direct(kernel, tensors, dict(scalars, **self._views(sources)), grid, runtime, sources)
 
     @property
     def direct(self) -> bool:
         """Whether calls go straight to the compiled kernel's launcher."""
         return self._direct is not None
 
+    def _views(self, sources: tuple) -> dict:
+        """The pointer arguments as tensors (the plain path's, and the first call's for the compile)."""
+        return {name: sources[i] if column == 0 else sources[i][:, column:]
+                for name, (i, column) in self._tensors.items()}
+
     def __call__(self, grid: int, sources: tuple, runtime_values: tuple) -> None:
         """Launch on ``grid`` programs with this call's ``sources`` and run-time integers."""
         d = self._direct
-        if d is not None and not launch_hooked():
-            ptrs = [0] * len(sources)
-            for i in d.used:
-                ptrs[i] = sources[i].data_ptr()
-            misaligned = 0
-            for i in d.aligned:
-                misaligned |= ptrs[i]
-            if not misaligned & 15:
-                args = d.template.copy()
-                for pos, i in d.ptr_slots:
-                    args[pos] = ptrs[i]
-                for pos, value in zip(d.runtime_slots, runtime_values):
-                    args[pos] = value
-                d.run(grid, 1, 1, d.stream(d.device), d.function, d.packed, None, None, None, *args)
-                return
+        if d is not None:
+            if not launch_hooked():
+                ptrs = [sources[i].data_ptr() + offset for i, offset in d.units]
+                misaligned = 0
+                for j in d.aligned:
+                    misaligned |= ptrs[j]
+                if not misaligned & 15:
+                    args = d.template.copy()
+                    for pos, j in d.ptr_slots:
+                        args[pos] = ptrs[j]
+                    for pos, value in zip(d.runtime_slots, runtime_values):
+                        args[pos] = value
+                    d.run(grid, 1, 1, d.stream(d.device), d.function, d.packed, None, None, None, *args)
+                    return
         kwargs = self._template.copy()
-        for name, i in self._tensors.items():
-            kwargs[name] = sources[i]
+        kwargs.update(self._views(sources))
         kwargs.update(zip(self._runtime, runtime_values))
         self._kernel[(grid,)](**kwargs)

@@ -231,8 +231,8 @@ def _register_loader() -> None:
 
 def _count_fused_calls() -> dict:
     """Count executions of the fused op, and of the fused op with the KV-cache write, by variant
-    (instrumentation: the custom ops look ``impl.split_qkv_rmsnorm_rope`` and
-    ``impl.split_qkv_rmsnorm_rope_kv_cache`` up on every call). A variant is the label of the call's
+    (instrumentation: the custom ops, the KV glue op and ``impl``'s functions look ``impl.run`` up on
+    every call). A variant is the label of the call's
     geometry (``ops.models.AttentionGeometry.label``: heads, head size, rotary dims, norm
     offset, ``gate``, ``vnorm``, ``mrope-i:t,h,w`` when positions are ``[3, T]``)."""
     from vllm_ascend_ext.kernels import impl
@@ -241,6 +241,7 @@ def _count_fused_calls() -> dict:
 
     calls: dict = {}
     kv_calls: dict = {}
+    counted = {"split_qkv_rmsnorm_rope": calls, "split_qkv_rmsnorm_rope_kv_cache": kv_calls}
 
     def label(call) -> str:
         s = call.shape
@@ -248,16 +249,16 @@ def _count_fused_calls() -> dict:
             s.num_q_heads, s.num_kv_heads, s.head_dim, s.rotary_dim, s.is_neox, call.q_norm or call.k_norm,
             call.weight_offset, call.eps, s.q_gate, s.v_norm, call.mrope_section, call.mrope_interleaved).label
 
-    def counter(original, validate, counts):
-        def counting(*args, **kwargs):
-            key = label(validate(*args, **kwargs))
-            counts[key] = counts.get(key, 0) + 1
-            return original(*args, **kwargs)
-        return counting
+    original = impl.run
 
-    impl.split_qkv_rmsnorm_rope = counter(impl.split_qkv_rmsnorm_rope, validation.split_qkv_rmsnorm_rope, calls)
-    impl.split_qkv_rmsnorm_rope_kv_cache = counter(impl.split_qkv_rmsnorm_rope_kv_cache,
-                                                   validation.split_qkv_rmsnorm_rope_kv_cache, kv_calls)
+    def counting(op, args, functional=False):
+        counts = counted.get(op)
+        if counts is not None:
+            key = label(getattr(validation, op)(**args))
+            counts[key] = counts.get(key, 0) + 1
+        return original(op, args, functional)
+
+    impl.run = counting
     return calls, kv_calls
 
 

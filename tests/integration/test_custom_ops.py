@@ -498,3 +498,31 @@ def test_kv_cache_compile_serves_every_token_count_with_one_graph(name):
             _check_kv_call(name, args, kwargs, compiled(*args, **kwargs), want, want_caches, before_caches)
         frames = frames or counter.frame_count  # the first trace may restart once (float scalars)
         assert counter.frame_count == frames
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_custom_ops_never_sync_the_host(device):
+    """On a GPU, after the first call of a key, the functional, in-place and KV-cache ops through
+    ``torch.ops`` give the first call's results and never sync the host (CUDA's sync debug mode
+    raises on a sync): async scheduling relies on it."""
+    if device.type != "cuda":
+        pytest.skip("the kernels run through the interpreter here")
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _args()]
+    kv_args, kv_kwargs = _kv_case("nhd")
+    kv_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in kv_args]
+
+    def calls():
+        qkv = args[0].clone()
+        custom_ops.inplace_op()(qkv, *args[1:])
+        return [*custom_ops.functional_op()(*args), qkv, *custom_ops.kv_cache_op()(*kv_args, **kv_kwargs),
+                kv_args[5].clone()]
+
+    first = calls()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = calls()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)

@@ -225,14 +225,21 @@ def test_interpret_set_after_triton_was_imported():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("op_name", ["split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache",
-                                     "split_qkv_tp_rmsnorm_rope"])
+                                     "split_qkv_tp_rmsnorm_rope", "inplace"])
 def test_cuda_direct_launch_and_no_host_sync(op_name, device):
     """On CUDA (Triton 3.6/3.7) calls after the first go straight to the compiled kernel, give the
-    plain path's results, and never sync the host (CUDA's sync debug mode raises on a sync)."""
+    plain path's results, and never sync the host (CUDA's sync debug mode raises on a sync). In
+    place, k's address is qkv's plus its column's bytes (no view is made for the launch)."""
     if device.type != "cuda":
         pytest.skip("the kernels run through the interpreter here")
+    inplace = op_name == "inplace"
+    op_name = "split_qkv_rmsnorm_rope" if inplace else op_name
     op = _op(op_name)
     args = _args(37, device="cuda")
+    if inplace:
+        source = args["qkv"]
+        args["inplace"] = True
+        op = lambda **kw: _op(op_name)(**dict(kw, qkv=source.clone()))  # noqa: E731 -- a fresh qkv each call
     if op_name == "split_qkv_rmsnorm_rope_kv_cache":
         cache = torch.zeros(8, 16, GEOMETRY.num_kv_heads, GEOMETRY.head_dim, dtype=torch.bfloat16, device="cuda")
         args.update(key_cache=cache, value_cache=torch.zeros_like(cache),
@@ -281,3 +288,136 @@ def test_cuda_mla_direct_launch_and_no_host_sync(device):
     for name in ("split_qkv_rmsnorm_rope_mla", "mla_q_rope_"):
         cache = next(c for c in launch_cache._caches if c.name == name)
         assert all(entry._bound.direct for entry in cache._entries.values())
+
+
+def _count_allocations(monkeypatch) -> list:
+    """Out-of-place outputs allocated by the prologue's launcher (a list of their widths)."""
+    module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope")
+    widths, real = [], module._new_output
+
+    def counting(qkv, num_tokens, columns):
+        widths.append(columns)
+        return real(qkv, num_tokens, columns)
+
+    monkeypatch.setattr(module, "_new_output", counting)
+    return widths
+
+
+def _prepared(op: str, args: dict):
+    """The op's call object for ``args`` (made directly, as the launch cache makes it)."""
+    from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope import Prepared
+
+    return Prepared(getattr(validation, op)(**args), args)
+
+
+def test_functional_outputs_alias_nothing_and_share_their_empties(monkeypatch):
+    """The functional form: q and k new, v and the gate [T, 0] tensors of their own (no view of
+    qkv is made), the same [T, 0] tensors on every call of a token count, none an inference tensor."""
+    widths = _count_allocations(monkeypatch)
+    args = _args(5)
+    entry = _prepared("split_qkv_rmsnorm_rope", args)
+    with torch.inference_mode():
+        q, k, v, gate = entry.run(args, functional=True)
+        again = entry.run(args, functional=True)
+    assert widths == [64, 32, 64, 32]  # q and k, per call
+    assert q.shape == (5, 64) and k.shape == (5, 32) and v.shape == gate.shape == (5, 0)
+    assert v is not gate and again[2] is v and again[3] is gate and again[0] is not q
+    assert not v.is_inference() and not gate.is_inference()
+    other = entry.run(_args(3), functional=True)
+    assert other[2].shape == (3, 0) and other[2] is not v
+    api = entry.run(args)
+    assert len(api) == 3 and api[2].shape == (5, 32) and api[2]._base is args["qkv"]  # the API's v: a view
+
+
+def test_outputs_are_allocated_once(monkeypatch):
+    """The KV-cache write without return_kv allocates q alone (k and v are shared [T, 0]); in place
+    the functional form allocates nothing and returns nothing."""
+    widths = _count_allocations(monkeypatch)
+    args = _kv_args(4)
+    entry = _prepared("split_qkv_rmsnorm_rope_kv_cache", dict(args, return_kv=False))
+    q, k, v = entry.run(args)
+    assert widths == [64] and k is v and k.shape == (4, 0)
+    q, k, v, gate = entry.run(args, functional=True)
+    assert widths == [64, 64] and len({id(k), id(v), id(gate)}) == 3 and k.shape == v.shape == gate.shape == (4, 0)
+    inplace = dict(_args(4), inplace=True)
+    assert _prepared("split_qkv_rmsnorm_rope", inplace).run(inplace, functional=True) is None
+    assert widths == [64, 64]
+
+
+def test_key_plans_follow_names_and_types():
+    """The key sees each argument's name and type: the same values under other names, a list for a
+    tuple, or a changed tensor inside a sequence are other keys; equal calls are one key."""
+    t = torch.empty(2, 8, device="meta")
+    key = launch_cache.call_key
+    keys = launch_cache.TOKEN_KEYS
+    assert key({"qkv": t, "a": 1}, keys) == key({"qkv": torch.empty(5, 8, device="meta"), "a": 1}, keys)
+    assert key({"qkv": t, "a": 1}, keys) != key({"a": 1, "qkv": t}, keys)
+    assert key({"qkv": t, "a": (1, 2)}, keys) != key({"qkv": t, "a": [1, 2]}, keys)
+    assert key({"qkv": t, "a": 1}, keys) != key({"qkv": t, "a": True}, keys)
+    pair = (torch.empty(4, 4, device="meta"), None)
+    assert key({"qkv": t, "c": pair}, keys) != key({"qkv": t, "c": (pair[0].half(), None)}, keys)
+    with torch.enable_grad():
+        assert key({"qkv": t.clone().requires_grad_(), "a": 1}, keys) is None
+
+
+class _FakeCompiled:
+    """A compiled kernel whose launcher records its arguments."""
+
+    function, packed_metadata = 0, None
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        self.launches.append(("direct", args[9:]))
+
+
+class _FakeKernel:
+    """A ``@triton.jit`` kernel's stand-in: two pointers (one a column of a 2-D source), the token
+    count (run time) and a constexpr."""
+
+    arg_names = ["x_ptr", "col_ptr", "n", "C"]
+
+    def __init__(self):
+        self.launches = []
+
+    def warmup(self, grid, **kwargs):
+        return _FakeCompiled(self.launches)
+
+    def __getitem__(self, grid):
+        return lambda **kwargs: self.launches.append(("plain", kwargs))
+
+
+def test_direct_launch_fills_addresses_and_falls_back(monkeypatch):
+    """The direct path's arguments: each pointer the source's address (plus its column's bytes),
+    the run-time integer, the constexprs; a source less aligned than the first call's, or a launch
+    hook, takes ``kernel[grid]`` with the column as a view."""
+    import types
+
+    import triton.runtime
+
+    from vllm_ascend_ext.ops import triton_launcher
+
+    if triton_launcher.direct_unavailable_reason() is not None:
+        pytest.skip(triton_launcher.direct_unavailable_reason())
+    active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0)
+    monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=active))
+    kernel = _FakeKernel()
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    bound = triton_launcher.BoundKernel(kernel, {"x_ptr": 0, "col_ptr": (0, 8)}, {"n": 4, "C": 7}, (x,),
+                                        runtime=("n",), grid=2)
+    assert bound.direct
+    y = torch.zeros(3, 16, dtype=torch.bfloat16)
+    bound(2, (y,), (3,))
+    assert kernel.launches[-1] == ("direct", (y.data_ptr(), y.data_ptr() + 16, 3, 7))
+    shifted = torch.zeros(3 * 16 + 1, dtype=torch.bfloat16)[1:].view(3, 16)
+    bound(2, (shifted,), (3,))
+    path, kwargs = kernel.launches[-1]
+    assert path == "plain" and kwargs["n"] == 3 and kwargs["C"] == 7 and kwargs["x_ptr"] is shifted
+    assert kwargs["col_ptr"].data_ptr() == shifted.data_ptr() + 16
+    monkeypatch.setattr(triton_launcher, "launch_hooked", lambda: True)
+    bound(2, (y,), (3,))
+    assert kernel.launches[-1][0] == "plain"

@@ -70,10 +70,12 @@ it runs the op's one validator (:func:`vllm_ascend_ext.ops.validation.split_qkv_
 through :func:`validate_fake` for symbolic sizes) first, so a call the real op rejects is
 rejected while tracing too, with the same ``ValueError`` naming the argument (the KV-cache
 op: :func:`validate_kv_cache_fake`). The real implementations, for the CPU, CUDA and
-PrivateUse1 (Ascend NPU) dispatch keys, call :func:`vllm_ascend_ext.kernels.impl.split_qkv_rmsnorm_rope`
-(or ``..._kv_cache``): the Triton op or the AscendC kernel, as ``VLLM_ASCEND_EXT_IMPL`` selects
-(the cache write too: AscendC serves ``nhd``/``nz`` caches of qkv's dtype or int8). Nothing here
-synchronises the host with the device.
+PrivateUse1 (Ascend NPU) dispatch keys, hand their ``locals()`` to :func:`vllm_ascend_ext.kernels.impl.run`
+with ``functional=True``: the route cached per launch-cache key (the Triton op or the AscendC
+kernel, as ``VLLM_ASCEND_EXT_IMPL`` selects; the cache write too: AscendC serves ``nhd``/``nz``
+caches of qkv's dtype or int8) returns the schema's outputs itself, ``[T, 0]`` tensors shared per
+token count where nothing is returned, no view of qkv made. Nothing here synchronises the host
+with the device.
 
 Importing this module registers the ops once per process; it imports nothing from vLLM.
 """
@@ -119,44 +121,28 @@ __all__ = [
     "already_defined",
 ]
 
-def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                     num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                     k_bias=None, weight_offset=0.0, **features):
-    # Looked up on the module per call: instrumentation (tests/integration/run_tiny.py) may wrap it.
-    outputs = impl.split_qkv_rmsnorm_rope(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=False,
-        **features)
-    v_norm, q_gate = features.get("v_norm", False), features.get("q_gate", False)
-    tokens = qkv.shape[0]
-    return (outputs[0], outputs[1], outputs[2] if v_norm else qkv.new_empty((tokens, 0)),
-            outputs[3] if q_gate else qkv.new_empty((tokens, 0)))
+# The real implementations take the Python API's arguments in its order (``inplace`` too, which
+# the schemas leave out), so that their ``locals()`` is the call's arguments by name, keyed as the
+# API's (one route per key, whichever way the call came); ``impl.run`` is looked up per call
+# (instrumentation, tests/integration/run_tiny.py, may wrap it).
+def _functional_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
+                     eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False,
+                     mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
+    return impl.run(OP_NAME, locals(), functional=True)
 
 
-def _inplace_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                  num_kv_heads, head_dim, eps=1e-6, *, is_neox=True, q_bias=None,
-                  k_bias=None, weight_offset=0.0, **features):
-    impl.split_qkv_rmsnorm_rope(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-        is_neox=is_neox, q_bias=q_bias, k_bias=k_bias, weight_offset=weight_offset, inplace=True,
-        **features)
+def _inplace_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
+                  eps=1e-6, *, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=True,
+                  mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
+    impl.run(OP_NAME, locals(), functional=True)
 
 
 def _kv_cache_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping,
-                   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None,
-                   v_scale=None, return_kv=False, **prologue):
+                   num_q_heads, num_kv_heads, head_dim, eps=1e-6, *, cache_layout="nhd", k_scale=None, v_scale=None,
+                   return_kv=False, is_neox=True, q_bias=None, k_bias=None, weight_offset=0.0, inplace=False,
+                   mrope_section=None, mrope_interleaved=False, q_gate=False, v_norm=False):
     value_cache = value_cache_of(key_cache, value_cache, cache_layout)
-    outputs = impl.split_qkv_rmsnorm_rope_kv_cache(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
-        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
-        return_kv=return_kv, inplace=False, **prologue)
-    v_norm, q_gate = prologue.get("v_norm", False), prologue.get("q_gate", False)
-    tokens = qkv.shape[0]
-    # Fresh empties where nothing is returned: the op's [T, 0] k and v are one tensor, and an
-    # output may not alias another (nor an input: v without v-norm is a view of qkv).
-    return (outputs[0], outputs[1] if return_kv else qkv.new_empty((tokens, 0)),
-            outputs[2] if return_kv and v_norm else qkv.new_empty((tokens, 0)),
-            outputs[3] if q_gate else qkv.new_empty((tokens, 0)))
+    return impl.run(KV_CACHE_OP_NAME, locals(), functional=True)
 
 
 def tp_all_reduce(tp_size: int):
@@ -192,10 +178,10 @@ def tp_all_reduce(tp_size: int):
 
 def _tp_norm_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
                   tp_size, is_neox):
-    q, k, _ = impl.split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                                             num_kv_heads, head_dim, eps, tp_size=tp_size,
-                                             all_reduce=tp_all_reduce(tp_size), is_neox=is_neox)
-    return q, k
+    args = dict(qkv=qkv, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions,
+                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, eps=eps, tp_size=tp_size,
+                all_reduce=tp_all_reduce(tp_size), is_neox=is_neox)
+    return impl.run(TP_NORM_OP_NAME, args, functional=True)[:2]
 
 
 def _functional_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,

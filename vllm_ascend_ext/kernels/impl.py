@@ -26,11 +26,12 @@ fp32 caches), ``auto`` keeps Triton and ``ascendc`` refuses naming what it canno
 q/k norm across heads and TP ranks (``"tp_norm"``, ``split_qkv_tp_rmsnorm_rope``) is the Triton
 op's alone.
 
-:func:`split_qkv_rmsnorm_rope`, :func:`split_qkv_rmsnorm_rope_kv_cache` and
-:func:`split_qkv_tp_rmsnorm_rope` are what the custom
-ops (:mod:`vllm_ascend_ext.kernels.custom_ops`) run: the Triton ops' signatures, validated by the op's
-one validator, then routed per call (:func:`_choose`) from tensor metadata only (no device
-access, no host sync).
+:func:`run` is what the custom ops (:mod:`vllm_ascend_ext.kernels.custom_ops`) and the KV glue op
+run: an op's arguments by name, validated by the op's one validator and routed (:func:`_choose`)
+from tensor metadata only (no device access, no host sync) once per launch-cache key, then run on
+the route (with ``functional``, in the custom op's output form). :func:`split_qkv_rmsnorm_rope`,
+:func:`split_qkv_rmsnorm_rope_kv_cache` and :func:`split_qkv_tp_rmsnorm_rope` are the same with the
+Triton ops' signatures and outputs.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "geometry_key",
     "record_triton_failure",
     "requested_impl",
+    "run",
     "split_qkv_rmsnorm_rope",
     "split_qkv_rmsnorm_rope_kv_cache",
     "split_qkv_tp_rmsnorm_rope",
@@ -67,11 +69,6 @@ logger = logging.getLogger("vllm_ascend_ext")
 
 _triton_failures: dict[tuple, str] = {}
 _warned: set[str] = set()
-#: The selector's routes per op: the launch-cache entry (Triton) or the AscendC op per key.
-_ROUTES = {op: launch_cache.LaunchCache(f"impl.{op}") for op in
-           ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kv_cache", "split_qkv_tp_rmsnorm_rope")}
-
-
 @dataclass(frozen=True)
 class Choice:
     """The implementation picked for a call, and why."""
@@ -262,37 +259,117 @@ def _choose(call: validation.Call, qkv: torch.Tensor, cos_sin_cache: torch.Tenso
                                         shape.rotary_dim, qkv.dtype, shape.is_neox, call.features))
 
 
-#: Each routed op: its launch-cache entry's module and class under ``vllm_ascend_ext.ops``
-#: (its validator is ``validation.<op>``), and whether it writes a KV cache.
-_TRITON_ENTRIES = {"split_qkv_rmsnorm_rope": ("split_qkv_rmsnorm_rope", "Prepared", False),
-                   "split_qkv_rmsnorm_rope_kv_cache": ("split_qkv_rmsnorm_rope", "Prepared", True),
-                   "split_qkv_tp_rmsnorm_rope": ("split_qkv_tp_rmsnorm_rope", "PreparedTP", False)}
+class _Router:
+    """One routed op: its route per launch-cache key, the call object that serves the call.
 
-
-def _route(op: str, args: dict):
-    """The routers' one body: the cached route for ``args`` (the op's arguments by name), made on
-    a miss by validating once (``validation.<op>``) and choosing (:func:`_choose`); then run. The
-    key is the op's launch-cache key plus ``VLLM_ASCEND_EXT_IMPL`` as set now
+    The route is made on a miss by validating once (``validation.<op>``) and choosing
+    (:func:`_choose`): the Triton op's entry (``vllm_ascend_ext.ops.<module>.<entry>``), or the
+    AscendC call object (:class:`_AscendCRoute`) over the same validated call. The key is the op's
+    launch-cache key plus ``VLLM_ASCEND_EXT_IMPL`` as set now
     (:func:`~vllm_ascend_ext.ops.settings.impl_as_set`). An op with no AscendC twin gets AscendC
     from :func:`choose_impl` only if its features were served, which they are not: that would be
-    a bug, refused here rather than run on the wrong kernel."""
-    module, entry, kv = _TRITON_ENTRIES[op]
-    name = f"vllm_ascend_ext.ops.{module}"
-    triton_module = sys.modules.get(name) or importlib.import_module(name)
+    a bug, refused here rather than run on the wrong kernel.
 
-    def make(call, args):
-        kv_dtype = args["key_cache"].dtype if kv else None
+    Parameters
+    ----------
+    op : str
+        The op's name (its validator's in :mod:`vllm_ascend_ext.ops.validation`).
+    module, entry : str
+        The Triton entry's module under ``vllm_ascend_ext.ops`` and class.
+    kv : bool
+        Whether the op writes a KV cache.
+    """
+
+    def __init__(self, op: str, module: str, entry: str, kv: bool):
+        self.op, self.module, self.entry_class, self.kv = op, f"vllm_ascend_ext.ops.{module}", entry, kv
+        self.cache = launch_cache.LaunchCache(f"impl.{op}")
+
+    def validate(self, **args) -> validation.Call:
+        return getattr(validation, self.op)(**args)  # looked up per miss: tests count validations
+
+    def make(self, call: validation.Call, args: dict):
+        """The route of a validated call (on a miss)."""
+        kv_dtype = args["key_cache"].dtype if self.kv else None
         weights = tuple(args.get(name) for name in ("q_weight", "k_weight", "q_bias", "k_bias"))
-        choice = _choose(call, args["qkv"], args["cos_sin_cache"], weights, op, kv_dtype=kv_dtype)
+        choice = _choose(call, args["qkv"], args["cos_sin_cache"], weights, self.op, kv_dtype=kv_dtype)
         if choice.impl == "ascendc":
             from . import ascendc
 
-            if not hasattr(ascendc, op):
-                raise RuntimeError(f"{op}: AscendC was chosen but has no implementation of this op")
-            return ascendc.Prepared(call, args)  # the same call object: not validated again
-        return getattr(triton_module, entry)(call, args)
+            if not hasattr(ascendc, self.op):
+                raise RuntimeError(f"{self.op}: AscendC was chosen but has no implementation of this op")
+            return _AscendCRoute(ascendc.Prepared(call, args), args["qkv"])  # the same call: not validated again
+        module = sys.modules.get(self.module) or importlib.import_module(self.module)
+        return getattr(module, self.entry_class)(call, args)
 
-    return triton_module.launch(_ROUTES[op], args, getattr(validation, op), make, extra=settings.impl_as_set())
+    def run(self, args: dict, functional: bool = False):
+        """Run the call of ``args`` (the op's arguments by name, the Python API's names) on its route."""
+        return launch_cache.prepared(self.cache, args, self.validate, self.make, launch_cache.TOKEN_KEYS,
+                                     extra=settings.impl_as_set()).run(args, functional=functional)
+
+
+class _AscendCRoute:
+    """An AscendC call object (:class:`vllm_ascend_ext.kernels.ascendc.Prepared`) as a route: its
+    ``run`` with the Triton entries' ``functional`` form, made from the API's outputs (``[T, 0]``
+    tensors shared per token count, :class:`~vllm_ascend_ext.ops.launch_cache.ZeroWidth`)."""
+
+    __slots__ = ("prepared", "tokens_agree", "zero_width")
+
+    def __init__(self, prepared, qkv: torch.Tensor):
+        self.prepared, self.tokens_agree = prepared, prepared.tokens_agree
+        self.zero_width = launch_cache.ZeroWidth(qkv.dtype, qkv.device, 3)
+
+    def run(self, args: dict, functional: bool = False):
+        outputs = self.prepared.run(args)
+        call = self.prepared.call
+        if not functional:
+            return outputs
+        if call.inplace:
+            return None
+        zero = self.zero_width(args["qkv"].shape[0])
+        kept = call.kv_cache is None or call.kv_cache.return_kv
+        return (outputs[0], outputs[1] if kept else zero[0], outputs[2] if kept and call.v_norm else zero[1],
+                outputs[3] if call.q_gate else zero[2])
+
+
+#: Each routed op's router (its Triton entry's module and class, whether it writes a KV cache).
+_ROUTERS = {"split_qkv_rmsnorm_rope": _Router("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope", "Prepared", False),
+            "split_qkv_rmsnorm_rope_kv_cache": _Router("split_qkv_rmsnorm_rope_kv_cache", "split_qkv_rmsnorm_rope",
+                                                       "Prepared", True),
+            "split_qkv_tp_rmsnorm_rope": _Router("split_qkv_tp_rmsnorm_rope", "split_qkv_tp_rmsnorm_rope",
+                                                 "PreparedTP", False)}
+
+
+def run(op: str, args: dict, functional: bool = False):
+    """Run one call of ``op`` on the implementation that serves it (the route cached per
+    launch-cache key: Triton's entry or AscendC's call object); what the custom ops, the KV glue
+    op and this module's functions call (instrumentation may wrap it: it is looked up per call).
+
+    Parameters
+    ----------
+    op : str
+        ``"split_qkv_rmsnorm_rope"``, ``"split_qkv_rmsnorm_rope_kv_cache"`` or
+        ``"split_qkv_tp_rmsnorm_rope"``.
+    args : dict
+        The call's arguments by name, as the op's Python API names them (``inplace`` among them
+        for the first two); a caller passes its ``locals()``.
+    functional : bool
+        Return the outputs as a functional custom op does
+        (:meth:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope.Prepared.run`): ``(q, k, v, gate)``
+        with ``[T, 0]`` tensors of their own for views of qkv and absent outputs; ``None`` in place.
+
+    Returns
+    -------
+    tuple of torch.Tensor or None
+        The API's outputs (``(q, k, v)``, and the gate with ``q_gate``), or the functional form.
+
+    Raises
+    ------
+    ValueError
+        On a bad argument, naming it; on an invalid ``VLLM_ASCEND_EXT_IMPL``.
+    RuntimeError
+        When no implementation can serve the call (:func:`choose_impl`).
+    """
+    return _ROUTERS[op].run(args, functional)
 
 
 def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -314,7 +391,7 @@ def split_qkv_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, nu
     RuntimeError
         When no implementation can serve the call (:func:`choose_impl`).
     """
-    return _route("split_qkv_rmsnorm_rope", locals())
+    return run("split_qkv_rmsnorm_rope", locals())
 
 
 def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache,
@@ -339,7 +416,7 @@ def split_qkv_rmsnorm_rope_kv_cache(qkv, q_weight, k_weight, cos_sin_cache, posi
     RuntimeError
         When no implementation can serve the call (with ``ascendc``: naming what it does not serve).
     """
-    return _route("split_qkv_rmsnorm_rope_kv_cache", locals())
+    return run("split_qkv_rmsnorm_rope_kv_cache", locals())
 
 
 def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads,
@@ -357,4 +434,4 @@ def split_qkv_tp_rmsnorm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions,
     RuntimeError
         When no implementation can serve the call (with ``ascendc``: always, naming ``tp_norm``).
     """
-    return _route("split_qkv_tp_rmsnorm_rope", locals())
+    return run("split_qkv_tp_rmsnorm_rope", locals())

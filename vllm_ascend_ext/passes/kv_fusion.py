@@ -22,7 +22,7 @@ place as attention's ``kv_cache_dummy_dep``.
 At run time the glue op does what ``unified_kv_cache_update`` does to find the cache:
 ``get_attention_context(layer_name)`` (vLLM's forward context) gives the layer, its
 ``kv_cache`` and its ``slot_mapping``. With a slot mapping it calls
-:func:`vllm_ascend_ext.kernels.impl.split_qkv_rmsnorm_rope_kv_cache` (the k and v lines are written
+:func:`vllm_ascend_ext.kernels.impl.run` on the KV-cache op (the k and v lines are written
 into the cache by the prologue kernel; the layer's ``_k_scale``/``_v_scale`` are passed for an
 int8 or fp8 cache only); without one (vLLM's profile run, before the cache exists) it runs the
 prologue alone and writes nothing, as the update would.
@@ -197,11 +197,14 @@ def _glue_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, n
     k_scale = v_scale = None
     if key_cache.dtype in (torch.int8, torch.float8_e4m3fn):
         k_scale, v_scale = layer._k_scale, layer._v_scale
-    outputs = impl.split_qkv_rmsnorm_rope_kv_cache(
-        qkv, q_weight, k_weight, cos_sin_cache, positions, key_cache, value_cache, slot_mapping, num_q_heads,
-        num_kv_heads, head_dim, eps, cache_layout=cache_layout, k_scale=k_scale, v_scale=v_scale,
-        return_kv=return_kv, inplace=False, **prologue)
-    return _outputs(qkv, outputs, return_kv=return_kv, v_norm=v_norm, q_gate=q_gate)
+    # The KV-cache op's arguments by name, in its API's order (keyed as the custom op's calls);
+    # its functional outputs are the glue's: [T, 0] where nothing is returned.
+    args = dict(qkv=qkv, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions,
+                key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, eps=eps, cache_layout=cache_layout, k_scale=k_scale,
+                v_scale=v_scale, return_kv=return_kv, is_neox=is_neox, q_bias=q_bias, k_bias=k_bias,
+                weight_offset=weight_offset, inplace=False, **features)
+    return (*impl.run(custom_ops.KV_CACHE_OP_NAME, args, functional=True), qkv.new_empty(0))
 
 
 def _glue_fake(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim,
