@@ -16,6 +16,13 @@ from ..ops import settings
 from ..ops.models import AttentionGeometry
 
 
+def failure_reason(exc: BaseException) -> str:
+    """A failed warm-up call's reason as the log gives it: the exception's type and the first line
+    of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _plan_cases(device: torch.device, geometries, dtype: torch.dtype):
     """Yield ``(geometry, variant, shape, tokens)``: one token count per launch plan of each op
     variant (:func:`op_variants`) of each geometry on ``device`` (on CUDA the small-batch and
@@ -127,8 +134,7 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[Attent
         except settings.SettingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run
-            lines = str(exc).strip().splitlines()
-            failures[geo] = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+            failures[geo] = failure_reason(exc)
     return failures
 
 
@@ -228,6 +234,5 @@ def mla_warm_up(device: torch.device, cases, dtype: torch.dtype) -> dict:
         except settings.SettingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run
-            lines = str(exc).strip().splitlines()
-            failures[case.geometry] = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+            failures[case.geometry] = failure_reason(exc)
     return failures
