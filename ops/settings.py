@@ -130,9 +130,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(NUM_SMS, f"integer, 1 to {MAX_CORES}", "132 (the H200)",
             "SMs the CUDA plan is sized for when no GPU is attached (CPU planning and checks)"),
     Setting(CUDA_PDL, "boolean", "on",
-            "CUDA, compute capability 9.0 and later: the op's kernel is launched with programmatic "
-            "dependent launch (it waits for the kernel before it, whose end its launch overlaps); off: "
-            "plain launches"),
+            "CUDA, compute capability 9.0 and later: the ops' kernels (the MLA prologue's two launches "
+            "too) are launched with programmatic dependent launch (each waits for the kernel before it, "
+            "whose end its launch overlaps); off: plain launches"),
     Setting(ASCENDC_LIB, "path to a shared library", "`libvllm_ascend_ext_ascendc.so` in the "
             "installed `vllm_ascend_ext/` package", "the CANN-built AscendC library to load"),
     Setting(BUILD_ASCENDC, "boolean", "unset: build when `ASCEND_HOME_PATH` is set",

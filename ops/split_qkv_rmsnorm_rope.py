@@ -71,7 +71,7 @@ KV-cache write (the ``KV_*`` constexprs, :mod:`.split_qkv_rmsnorm_rope_kv_cache`
 stores go to the paged cache through ``store``, quantised there for an int8 or fp8 cache. With
 ``PDL`` (a CUDA plan's choice, sm_90 and later) the kernel is launched with programmatic
 dependent launch: each program first waits for the grid before it to finish, then lets the next
-grid launch (``_grid_dependency``), so in a captured graph the launch overlaps the end of the
+grid launch (``grid_dependency``), so in a captured graph the launch overlaps the end of the
 kernel before it.
 """
 
@@ -604,7 +604,7 @@ def _positions(pos_ptr, slot_ptr, tile, num_tokens, pos_stride, pos_axis_stride,
 
 
 @triton.jit
-def _grid_dependency():
+def grid_dependency():
     """Under programmatic dependent launch (a CUDA plan's ``dependent_launch``, sm_90 and later):
     wait until the grid before this one has finished and its writes show (``griddepcontrol.wait``;
     before it this program touches no memory), then let the next grid launch
@@ -657,7 +657,7 @@ def split_qkv_rmsnorm_rope_kernel(
     K_COL: tl.constexpr = NUM_Q_HEADS * Q_STRIDE
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
     if PDL:
-        _grid_dependency()
+        grid_dependency()
 
     # Lanes of a head, once per program.
     i = tl.arange(0, HALF_PAD)

@@ -57,7 +57,10 @@ are ``BLOCK_T`` tokens x ``BLOCK_H`` heads of the rotary lanes. Programs walk th
 and the token count is a run-time argument: one compiled kernel per layer geometry serves every
 batch size. The cos/sin rows are gathered as one 2-D load addressed by positions loaded as a
 vector (no scalar read back from a tile in flight). Tile sizes, chunks and grid come from
-``ops/tiling`` (:func:`~.tiling.mla_plan_for`).
+``ops/tiling`` (:func:`~.tiling.mla_plan_for`). With ``PDL`` (a CUDA plan's choice, as the GQA
+kernel's) each program waits for the grid before it and lets the next one launch
+(:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch overlaps the end of the
+kernel before it.
 
 Not served
 ----------
@@ -80,7 +83,7 @@ import triton
 import triton.language as tl
 
 from . import launch_cache, validation, validation_mla
-from .split_qkv_rmsnorm_rope import cache_row, cos_sin_rows, kv_cache_rows, store
+from .split_qkv_rmsnorm_rope import cache_row, cos_sin_rows, grid_dependency, kv_cache_rows, store
 from .tiling import mla_plan_for
 from .triton_launcher import BoundKernel, interpreted
 
@@ -235,7 +238,7 @@ def mla_kernel(
     IS_NEOX: tl.constexpr, Q_CHUNK: tl.constexpr, Q_CHUNKS: tl.constexpr, KV_CHUNK: tl.constexpr,
     KV_CHUNKS: tl.constexpr, Q_ROPE: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr, KV_CACHE: tl.constexpr, NOPE_NZ: tl.constexpr, ROPE_NZ: tl.constexpr,
-    NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr,
+    NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr, PDL: tl.constexpr,
 ):
     # The prologue: tile = (token block, arm), the q_c arm first when there is a q latent. The q
     # side (Q_ROPE): tile = (token block, block of BLOCK_H heads), q's rotary lanes in place.
@@ -244,6 +247,8 @@ def mla_kernel(
     else:
         HEAD_BLOCKS: tl.constexpr = (1 if Q_LORA > 0 else 0) + 1
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
+    if PDL:
+        grid_dependency()
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         head_block = tile % HEAD_BLOCKS
         tok = (tile // HEAD_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -495,6 +500,7 @@ def constexprs(call: validation_mla.MLACall, plan) -> dict:
         # GQA cache write's KV_CHUNK.
         NOPE_NZ=cache.nope.chunk_width if cache else 0, ROPE_NZ=cache.rope.chunk_width if cache else 0,
         NOPE_QUANT=cache.nope_quant if cache else 0, ROPE_QUANT=cache.rope_quant if cache else 0,
+        PDL=plan.dependent_launch,
     )
 
 

@@ -310,6 +310,7 @@ class MLAPlan:
     num_warps: int | None = None
     ub_buffers: tuple = ()
     ub_capacity: int = 0
+    pdl: bool = False  # the kernel's PDL, launched with programmatic dependent launch (CUDA plans)
 
     @staticmethod
     def chunks(width: int, chunk: int) -> int:
@@ -336,8 +337,15 @@ class MLAPlan:
         return sum(buf.nbytes for buf in self.ub_buffers if buf.source == source)
 
     @property
+    def dependent_launch(self) -> bool:
+        return self.pdl
+
+    @property
     def launch_options(self) -> dict:
-        return {} if self.num_warps is None else {"num_warps": self.num_warps}
+        options = {} if self.num_warps is None else {"num_warps": self.num_warps}
+        if self.pdl:
+            options["launch_pdl"] = True
+        return options
 
     def num_tiles(self, shape: MLAShape, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens) * self.head_blocks(shape)

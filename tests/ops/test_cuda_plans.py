@@ -15,7 +15,7 @@ import pytest
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
-from vllm_ascend_ext.ops.tiling import KernelShape, ascend, cuda
+from vllm_ascend_ext.ops.tiling import KernelShape, MLAShape, ascend, cuda
 
 from op_checks import shape_of
 
@@ -187,3 +187,19 @@ def test_cuda_dependent_launch(name, tp, at_gather):
             assert dependent.pos_ahead is (plain.pos_ahead and not changed)
             assert dataclasses.replace(dependent, pdl=False, pos_ahead=plain.pos_ahead) == plain
         assert not ascend.plan(shape, device_facts.ascend_facts()).dependent_launch
+
+
+@pytest.mark.parametrize("shape", [
+    MLAShape(1536, 512, 64, 2, 4, kv_cache=True),  # DeepSeek-V3's prologue with the cache write
+    MLAShape(0, 512, 64, 2, 4),  # DeepSeek-V2-Lite's (no q latent), no write
+    MLAShape(0, 0, 64, 2, 4, num_heads=16, head_dim=192),  # the q side at 16 heads
+])
+def test_cuda_mla_dependent_launch(shape):
+    """Both MLA launches ask for dependent launch exactly where the GPU's facts allow it (nothing
+    else of the plan changes), never on Ascend."""
+    off = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    plain, dependent = cuda.mla_plan(shape, off), cuda.mla_plan(shape, dataclasses.replace(off, dependent_launch=True))
+    assert not plain.dependent_launch and "launch_pdl" not in plain.launch_options
+    assert dependent.dependent_launch and dependent.launch_options["launch_pdl"] is True
+    assert dataclasses.replace(dependent, pdl=False) == plain
+    assert not ascend.mla_plan(shape, device_facts.ascend_facts()).dependent_launch
