@@ -182,6 +182,9 @@ def _compiled_delta(positional, keywords, calls: int, rounds: int, device: torch
         q, k, v, gate = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope(*positional, **keywords)
         return positional[0] * 2, q
 
+    # Each case compiles afresh: the cases share these functions' code objects, and Dynamo would
+    # otherwise check every earlier case's guards (failing) before finding this one's.
+    torch._dynamo.reset()
     without_c = torch.compile(without, dynamic=False)
     with_c = torch.compile(with_op, dynamic=False)
     base = per_call(lambda: without_c(qkv), calls, rounds, device)
