@@ -510,6 +510,7 @@ def test_cuda_custom_ops_never_sync_the_host(device):
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in _args()]
     kv_args, kv_kwargs = _kv_case("nhd")
     kv_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in kv_args]
+    kv_kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kv_kwargs.items()}
 
     def calls():
         qkv = args[0].clone()
