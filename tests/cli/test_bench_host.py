@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from vllm_ascend_ext.bench import host, report
@@ -24,10 +25,11 @@ def test_host_mode_writes_its_table(tmp_path):
                                     "mla_q_rope_"]
     assert all(r.ours > 0 and r.torch_ops > 0 and r.add_ > 0 and r.compiled_delta is None for r in rows)
     assert rows[0].unfused > 0 and all(r.unfused is None for r in rows[1:])
+    assert rows[0].empty_ops > 0 and all(r.empty_ops is None and r.empty_compiled_delta is None for r in rows[1:])
     text = host.format_host_table(result)
     mla_lines = [line.split() for line in text.splitlines() if line.startswith("DeepSeek-V3 TP8 (MLA)")]
-    assert [(line[3], line[5], line[8]) for line in mla_lines] == [("split_qkv_rmsnorm_rope_mla", "-", "-"),
-                                                                    ("mla_q_rope_", "-", "-")]
+    assert [(line[3], line[5], line[8], line[9]) for line in mla_lines] == [
+        ("split_qkv_rmsnorm_rope_mla", "-", "-", "-"), ("mla_q_rope_", "-", "-", "-")]
     paths = report.write_host_outputs(result, tmp_path, text=text)
     assert {p.name for p in paths} >= {"bench_host.csv", "bench_host.json", "bench_host.txt"}
     saved = json.loads((tmp_path / "bench_host.json").read_text())
@@ -44,6 +46,7 @@ def test_meta_host_mode_runs_the_real_path_without_launching():
     result = host.run_host(torch.device("meta"), calls=2, rounds=1)
     assert len(result["rows"]) == len(host.CASES) and result["meta"]["device"] == "meta"
     assert all(r.ours > 0 and r.torch_ops > 0 for r in result["rows"])
+    assert all((r.empty_ops is not None) == (r.op == "split_qkv_rmsnorm_rope") for r in result["rows"])
     assert {r.op for r in result["rows"]} >= {"split_qkv_rmsnorm_rope_mla", "mla_q_rope_"}
     stats = launch_cache.stats()
     assert stats["impl.split_qkv_rmsnorm_rope"][2] > 0  # torch.ops reached the selector, not the fake
@@ -58,3 +61,12 @@ def test_profile_host_script_runs():
                           "--top", "3"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "split_qkv_rmsnorm_rope (direct)" in out.stdout and "function calls" in out.stdout
+
+
+@pytest.mark.full  # 12 s of Inductor on the CPU; the module is linted either way
+def test_profile_host_script_profiles_a_compiled_call():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-P", str(ROOT / "scripts" / "profile_host.py"), "--calls", "1",
+                          "--top", "3", "--compiled"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "compiled function with the custom op" in out.stdout and "function calls" in out.stdout

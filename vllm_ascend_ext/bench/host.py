@@ -10,7 +10,11 @@ is what is measured) for:
 * ``ours``: our op called directly (``vllm_ascend_ext.ops``), through the launch cache;
 * ``torch.ops``: the custom op through the dispatcher (what a compiled graph calls);
 * ``compiled`` (CUDA only): a ``torch.compile``\\ d function (no CUDA graph) calling the custom
-  op, minus the same compiled function without it.
+  op, minus the same compiled function without it;
+* ``empty`` and ``compiled empty`` (the prologue's rows): ``torch.ops`` and ``compiled`` for an
+  empty op of the prologue's schema (:func:`empty_op`: it allocates the outputs as ours does and
+  launches nothing): what any op of that schema costs there, so that ours minus it is what our
+  validation-free path (key, plan lookup, launch) adds.
 
 The ops: the prologue (plain, gated q, mRoPE, v-norm geometries), its in-place form, the KV-cache
 write, the TP norm at TP 1, and the MLA prologue's two launches (``split_qkv_rmsnorm_rope_mla``
@@ -35,7 +39,8 @@ from .catalog import OP
 from .harness import run_meta, triton_version
 from .prologue import unfused_prologue
 
-__all__ = ["CALLS", "CASES", "MLA_TP", "ROUNDS", "HostRow", "format_host_table", "per_call", "run_host"]
+__all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "empty_op", "format_host_table",
+           "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -75,6 +80,8 @@ class HostRow:
     ours: float
     torch_ops: float
     compiled_delta: float | None
+    empty_ops: float | None = None
+    empty_compiled_delta: float | None = None
 
 
 def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
@@ -167,28 +174,76 @@ class _Redispatched:
         self._ops, self._keys = ops, keys
 
     def __getattr__(self, name):
-        overload = getattr(self._ops, name).default
-        return lambda *args, **kwargs: overload.redispatch(self._keys, *args, **kwargs)
+        return self.one(getattr(self._ops, name), self._keys)
+
+    @staticmethod
+    def one(op, keys):
+        """``op`` (an ``OpOverloadPacket``) redispatched to the implementation of ``keys`` (a
+        ``DispatchKeySet`` or one ``DispatchKey``)."""
+        if isinstance(keys, torch._C.DispatchKey):
+            keys = torch._C.DispatchKeySet(keys)
+        overload = op.default
+        return lambda *args, **kwargs: overload.redispatch(keys, *args, **kwargs)
 
 
-def _compiled_delta(positional, keywords, calls: int, rounds: int, device: torch.device) -> float:
-    """µs a compiled function (no CUDA graph) spends more when it calls the custom op."""
+#: The namespace of :func:`empty_op` (the benchmark's own: nothing else registers in it).
+EMPTY_NAMESPACE = "vllm_ascend_ext_bench"
+_EMPTY: dict = {}
+
+
+def empty_op():
+    """``torch.ops.vllm_ascend_ext_bench.split_qkv_rmsnorm_rope``: the prologue's functional schema
+    with an implementation that validates nothing and launches nothing, only allocates the outputs
+    as ours does (q and k, v with ``v_norm``, the gate with ``q_gate``, ``[T, 0]`` tensors made once
+    per token count otherwise); defined once per process, on every device key ours has."""
+    from ..kernels.schema import DISPATCH_KEYS, OP_NAME, schemas
+
+    if "lib" not in _EMPTY:
+        lib = torch.library.Library(EMPTY_NAMESPACE, "FRAGMENT")
+        lib.define(schemas(OP_NAME)[0])
+        for key in DISPATCH_KEYS:
+            lib.impl(OP_NAME, _empty_impl, key)
+        torch.library.register_fake(f"{EMPTY_NAMESPACE}::{OP_NAME}", _empty_impl, lib=lib)
+        _EMPTY["lib"] = lib
+    return getattr(getattr(torch.ops, EMPTY_NAMESPACE), OP_NAME)
+
+
+def _empty_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps=1e-6, *,
+                q_gate=False, v_norm=False, **_):
+    from ..ops.launch_cache import ZeroWidth
+
+    tokens, q_cols, kv_cols = qkv.shape[0], num_q_heads * head_dim, num_kv_heads * head_dim
+    if isinstance(qkv, torch._subclasses.FakeTensor):  # traced: no shared [T, 0] tensors
+        zero = (qkv.new_empty(tokens, 0), qkv.new_empty(tokens, 0))
+    else:
+        zero = _EMPTY.setdefault((qkv.dtype, qkv.device), ZeroWidth(qkv.dtype, qkv.device, 2))(tokens)
+    return (qkv.new_empty(tokens, q_cols), qkv.new_empty(tokens, kv_cols),
+            qkv.new_empty(tokens, kv_cols) if v_norm else zero[0], qkv.new_empty(tokens, q_cols) if q_gate else zero[1])
+
+
+def _compiled_delta(op, positional, keywords, calls: int, rounds: int, device: torch.device) -> float:
+    """µs a compiled function (no CUDA graph) spends more when it calls ``op`` (a functional op of
+    the prologue's schema)."""
+    import torch._inductor.config as inductor_config
+
     qkv = positional[0]
 
     def without(qkv):
         return qkv * 2
 
     def with_op(*positional):
-        q, k, v, gate = torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope(*positional, **keywords)
+        q, k, v, gate = op(*positional, **keywords)
         return positional[0] * 2, q
 
     # Each case compiles afresh: the cases share these functions' code objects, and Dynamo would
-    # otherwise check every earlier case's guards (failing) before finding this one's.
+    # otherwise check every earlier case's guards (failing) before finding this one's. Compiled in
+    # this process: no pool of compile workers left running beside the timed loops.
     torch._dynamo.reset()
     without_c = torch.compile(without, dynamic=False)
     with_c = torch.compile(with_op, dynamic=False)
-    base = per_call(lambda: without_c(qkv), calls, rounds, device)
-    full = per_call(lambda: with_c(*positional), calls, rounds, device)
+    with inductor_config.patch(compile_threads=1):
+        base = per_call(lambda: without_c(qkv), calls, rounds, device)
+        full = per_call(lambda: with_c(*positional), calls, rounds, device)
     return full - base
 
 
@@ -202,14 +257,22 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
     with torch.inference_mode():
         for label, model, variant in cases:
             direct, through_ops, unfused, extra = _case(model, variant, device)
-            compiled = None
-            if device.type == "cuda" and variant == "prologue" and extra is not None:
-                compiled = _compiled_delta(*extra, calls, rounds, device)
+            compiled = empty = empty_compiled = None
+            if variant == "prologue" and extra is not None:
+                positional, keywords = extra
+                empty_ops = empty_op()
+                if device.type == "meta":
+                    empty_ops = _Redispatched.one(empty_ops, torch._C.DispatchKey.CPU)
+                empty = per_call(lambda: empty_ops(*positional, **keywords), calls, rounds, device)
+                if device.type == "cuda":
+                    compiled = _compiled_delta(torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope, *extra, calls,
+                                               rounds, device)
+                    empty_compiled = _compiled_delta(empty_op(), *extra, calls, rounds, device)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
-                compiled_delta=compiled))
+                compiled_delta=compiled, empty_ops=empty, empty_compiled_delta=empty_compiled))
     meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
             "tokens": 1, "torch": torch.__version__, "triton": triton_version()}
     return {"meta": meta, "rows": rows}
@@ -220,10 +283,12 @@ def format_host_table(result: dict) -> str:
     def cell(value):
         return "-" if value is None else f"{value:.1f}"
 
-    head = f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'torch.ops':>9s} {'compiled+':>9s}"
+    head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'torch.ops':>9s} {'compiled+':>9s} "
+            f"{'empty':>6s} {'empty compiled+':>15s}")
     lines = [f"host us per call, T = 1 ({result['meta']['device']}, {result['meta']['calls']} calls, best of "
              f"{result['meta']['rounds']})", head]
     for r in result["rows"]:
         lines.append(f"{r.case:22s} {r.op:34s} {cell(r.add_):>6s} {cell(r.unfused):>8s} {cell(r.ours):>6s} "
-                     f"{cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s}")
+                     f"{cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s} {cell(r.empty_ops):>6s} "
+                     f"{cell(r.empty_compiled_delta):>15s}")
     return "\n".join(lines)
