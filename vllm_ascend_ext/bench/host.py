@@ -188,7 +188,9 @@ class _Redispatched:
 
 #: The namespace of :func:`empty_op` (the benchmark's own: nothing else registers in it).
 EMPTY_NAMESPACE = "vllm_ascend_ext_bench"
-_EMPTY: dict = {}
+#: The empty op's library once defined, and its ``[T, 0]`` outputs per (dtype, device).
+_EMPTY_LIB: list = []
+_EMPTY_ZERO: dict = {}
 
 
 def empty_op():
@@ -198,13 +200,13 @@ def empty_op():
     per token count otherwise); defined once per process, on every device key ours has."""
     from ..kernels.schema import DISPATCH_KEYS, OP_NAME, schemas
 
-    if "lib" not in _EMPTY:
+    if not _EMPTY_LIB:
         lib = torch.library.Library(EMPTY_NAMESPACE, "FRAGMENT")
         lib.define(schemas(OP_NAME)[0])
         for key in DISPATCH_KEYS:
             lib.impl(OP_NAME, _empty_impl, key)
         torch.library.register_fake(f"{EMPTY_NAMESPACE}::{OP_NAME}", _empty_impl, lib=lib)
-        _EMPTY["lib"] = lib
+        _EMPTY_LIB.append(lib)
     return getattr(getattr(torch.ops, EMPTY_NAMESPACE), OP_NAME)
 
 
@@ -216,7 +218,10 @@ def _empty_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, 
     if isinstance(qkv, torch._subclasses.FakeTensor):  # traced: no shared [T, 0] tensors
         zero = (qkv.new_empty(tokens, 0), qkv.new_empty(tokens, 0))
     else:
-        zero = _EMPTY.setdefault((qkv.dtype, qkv.device), ZeroWidth(qkv.dtype, qkv.device, 2))(tokens)
+        made = _EMPTY_ZERO.get((qkv.dtype, qkv.device))
+        if made is None:
+            made = _EMPTY_ZERO[(qkv.dtype, qkv.device)] = ZeroWidth(qkv.dtype, qkv.device, 2)
+        zero = made(tokens)
     return (qkv.new_empty(tokens, q_cols), qkv.new_empty(tokens, kv_cols),
             qkv.new_empty(tokens, kv_cols) if v_norm else zero[0], qkv.new_empty(tokens, q_cols) if q_gate else zero[1])
 
