@@ -42,6 +42,7 @@ def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | 
     out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}-{'kv' if kv_cache else 'nokv'}.json"
     env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
                VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
+               TINY_ISA_PROBE_DIR=str(tmp_path.parent / "inductor-isa-probe"),
                VLLM_ASCEND_EXT_FUSION="1" if fusion else "0",
                VLLM_ASCEND_EXT_KV_CACHE_FUSION="1" if kv_cache else "0")
     env.pop("TINY_FAIL_WARM_UP_HEADS", None)

