@@ -40,6 +40,16 @@ setup() {  # setup main|ascend|vllm: each environment checked once per run
   [ -n "${ready[$1]:-}" ] || { "setup_$1"; ready[$1]=1; }
 }
 
+# A fresh clone: the vLLM environment (pip, ~1.5 min, mostly one core and the disk) is made beside
+# the suites before the vllm suite, which waits for it.
+vllm_setup=
+if [ ${#suites[@]} -gt 1 ] && [[ " ${suites[*]} " == *" vllm "* ]] && [ ! -x "$VENVS/vllm/bin/python" ]; then
+  vllm_setup_log=$(mktemp)
+  (setup_vllm) > "$vllm_setup_log" 2>&1 &
+  vllm_setup=$!
+  trap 'wait' EXIT  # a failed suite still leaves no pip running behind
+fi
+
 for suite in "${suites[@]}"; do
   echo "=== $suite${TIER:+ (full tier)}"
   start=$SECONDS
@@ -66,6 +76,10 @@ for suite in "${suites[@]}"; do
       setup ascend
       "$ASCEND_PY" -m pytest -q "${PARALLEL[@]}" "${TIER[@]}" -m kernel tests/ops "$@" ;;
     vllm)
+      if [ -n "$vllm_setup" ]; then
+        wait "$vllm_setup" || { cat "$vllm_setup_log" >&2; exit 1; }
+        rm -f "$vllm_setup_log"
+      fi
       setup vllm
       # (the custom-op and fusion-pass tests need no vLLM and ran in the unit suite; the e2e
       # tests of one model share its engine runs, so they stay on one process: loadgroup)
