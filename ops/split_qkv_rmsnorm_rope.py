@@ -989,7 +989,7 @@ class Prepared:
         """The kernel on ``sources`` (by :data:`QKV`... index) for ``num_tokens`` tokens."""
         launch = self._per_tokens.get(num_tokens)
         if launch is None:
-            launch = self._plan(num_tokens, sources)
+            launch = self.bound_for(num_tokens, sources)
         grid, bound = launch
         try:
             bound(grid, sources, (num_tokens, args["positions"].stride(0) if self.mrope else 0))
@@ -1000,8 +1000,9 @@ class Prepared:
         if self.inplace:
             self.call.mark_written(qkv)
 
-    def _plan(self, num_tokens: int, sources: tuple) -> tuple:
-        """The grid and bound kernel for ``num_tokens`` (kept per token count)."""
+    def bound_for(self, num_tokens: int, sources: tuple) -> tuple:
+        """``(grid, bound kernel)`` for ``num_tokens`` (kept per token count; ``sources``: a
+        call's tensors by :data:`QKV`... index, the first call's are bound)."""
         shape = self.call.shape
         plan = plan_for(self.device, shape, num_tokens)
         grid = plan.grid(shape, num_tokens)

@@ -175,7 +175,12 @@ class BoundKernel:
                         args[pos] = value
                     d.run(grid, 1, 1, d.stream(d.device), d.function, d.packed, None, None, None, *args)
                     return
+        self._kernel[(grid,)](**self.kwargs(sources, runtime_values))
+
+    def kwargs(self, sources: tuple, runtime_values: tuple) -> dict:
+        """The kernel's keyword arguments for one call (tensors, scalars, constexprs and launch
+        options), as ``kernel[grid](**kwargs)`` takes them."""
         kwargs = self._template.copy()
         kwargs.update(self._views(sources))
         kwargs.update(zip(self._runtime, runtime_values))
-        self._kernel[(grid,)](**kwargs)
+        return kwargs

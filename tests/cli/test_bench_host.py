@@ -1,4 +1,5 @@
-"""``vllm-ascend-ext bench --host`` and its probe ``scripts/profile_host.py``, on the CPU (smoke:
+"""``vllm-ascend-ext bench --host`` and its probes ``scripts/profile_host.py`` and
+``scripts/probe_triton_op.py``, on the CPU (smoke:
 the figures mean nothing here, the mode and its files are what is checked)."""
 
 import json
@@ -70,3 +71,18 @@ def test_profile_host_script_profiles_a_compiled_call():
                           "--top", "3", "--compiled"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "compiled function with the custom op" in out.stdout and "function calls" in out.stdout
+
+
+def test_probe_triton_op_script_returns_what_ours_does():
+    # On the CPU the probe checks its triton_op (eager: the interpreter) against our op, and stops.
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-P", str(ROOT / "scripts" / "probe_triton_op.py"), "--calls", "1"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["triton_op output == ours: True"]
+
+
+def test_probe_triton_op_script_refuses_a_gated_model():
+    out = subprocess.run([sys.executable, "-P", str(ROOT / "scripts" / "probe_triton_op.py"), "--model",
+                          "Qwen3-Next-80B-A3B"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 2 and "no gate" in out.stderr.splitlines()[-1], out.stderr[-2000:]

@@ -39,8 +39,8 @@ from .catalog import OP
 from .harness import run_meta, triton_version
 from .prologue import unfused_prologue
 
-__all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "empty_op", "format_host_table",
-           "per_call", "run_host"]
+__all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "compiled_delta", "empty_op",
+           "format_host_table", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -226,9 +226,9 @@ def _empty_impl(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, 
             qkv.new_empty(tokens, kv_cols) if v_norm else zero[0], qkv.new_empty(tokens, q_cols) if q_gate else zero[1])
 
 
-def _compiled_delta(op, positional, keywords, calls: int, rounds: int, device: torch.device) -> float:
-    """µs a compiled function (no CUDA graph) spends more when it calls ``op`` (a functional op of
-    the prologue's schema)."""
+def compiled_delta(op, positional, keywords, calls: int, rounds: int, device: torch.device) -> float:
+    """µs a compiled function (no CUDA graph) spends more when it calls ``op`` (a functional op
+    whose first output is q, on qkv and the other ``positional`` arguments)."""
     import torch._inductor.config as inductor_config
 
     qkv = positional[0]
@@ -237,8 +237,7 @@ def _compiled_delta(op, positional, keywords, calls: int, rounds: int, device: t
         return qkv * 2
 
     def with_op(*positional):
-        q, k, v, gate = op(*positional, **keywords)
-        return positional[0] * 2, q
+        return positional[0] * 2, op(*positional, **keywords)[0]
 
     # Each case compiles afresh: the cases share these functions' code objects, and Dynamo would
     # otherwise check every earlier case's guards (failing) before finding this one's. Compiled in
@@ -270,9 +269,9 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                     empty_ops = _Redispatched.one(empty_ops, torch._C.DispatchKey.CPU)
                 empty = per_call(lambda: empty_ops(*positional, **keywords), calls, rounds, device)
                 if device.type == "cuda":
-                    compiled = _compiled_delta(torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope, *extra, calls,
+                    compiled = compiled_delta(torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope, *extra, calls,
                                                rounds, device)
-                    empty_compiled = _compiled_delta(empty_op(), *extra, calls, rounds, device)
+                    empty_compiled = compiled_delta(empty_op(), *extra, calls, rounds, device)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
