@@ -25,8 +25,7 @@ import torch
 
 #: The probe's namespace (nothing else registers in it).
 NAMESPACE = "vllm_ascend_ext_probe"
-#: Launch options ``wrap_triton`` does not pass to the kernel (Inductor's launch of a user
-#: kernel takes ``num_warps``/``num_stages`` only).
+#: Launch options the probe drops (Triton's dependent launch: not tried through ``wrap_triton``).
 DROPPED_OPTIONS = ("launch_pdl",)
 
 
@@ -42,11 +41,10 @@ def triton_op_for(kwargs: dict):
                                      validation.split_qkv_rmsnorm_rope, prologue.Prepared, prologue.TOKEN_KEYS)
     qkv = args["qkv"]
     q_cols, kv_cols = prepared.q_cols, prepared.kv_cols
-    inputs = [args.get(name) for name in prologue.INPUTS]
+    inputs = {name: args.get(name) for name in prologue.INPUTS}  # biases etc.: fixed, not op arguments
 
     def sources(qkv, q, k, q_weight, k_weight, cos_sin_cache, positions):
-        named = dict(zip(prologue.INPUTS, inputs), q_weight=q_weight, k_weight=k_weight,
-                     cos_sin_cache=cos_sin_cache, positions=positions)
+        named = dict(inputs, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions)
         return (qkv, q, k, None, None, *(named[n] for n in prologue.INPUTS), None)
 
     first = (qkv, qkv.new_empty(1, q_cols), qkv.new_empty(1, kv_cols), args["q_weight"], args["k_weight"],

@@ -3,8 +3,8 @@
 Usage: ``python -m tests.integration.run_tiny MODEL OUT.json`` with MODEL one of :data:`MODELS`
 (env ``TINY_DTYPE``: ``bfloat16`` (default) or ``float32``; ``TINY_TP``: tensor-parallel size;
 ``TINY_ISA_PROBE_DIR``: where Inductor's CPU ISA probes are built, shared by runs
-(:func:`probe_cpu_isa`); ``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call of every geometry with
-N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run
+(:func:`probe_cpu_isa`); ``TINY_FAIL_WARM_UP_HEADS=N``, test-only: the worker hook's warm-up call
+of every geometry with N q heads raises :data:`FORCED_FAILURE`, as a failed Triton compile would; vLLM must run
 in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default here). Greedy generation of a few
 token-id prompts (no tokenizer; vLLM's dummy loader then :func:`randomise_weights`, seeded, so
 two runs of one vLLM build see the same weights), writing ``{"outputs": [{"token_ids": [...],

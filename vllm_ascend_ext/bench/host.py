@@ -270,7 +270,7 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                 empty = per_call(lambda: empty_ops(*positional, **keywords), calls, rounds, device)
                 if device.type == "cuda":
                     compiled = compiled_delta(torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope, *extra, calls,
-                                               rounds, device)
+                                              rounds, device)
                     empty_compiled = compiled_delta(empty_op(), *extra, calls, rounds, device)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
