@@ -310,15 +310,17 @@ class MLAForm:
     form: str | None = None
     layout: str = "nd"
     kv_cache_dtype: str = "auto"
+    small: bool = False  # the prologue's small-batch plan (cuda.mla_small_plan)
 
 
 #: The prologue's forms (the same kernel at every TP size: the latent is replicated): no cache,
 #: vLLM's combined cache in bf16 and fp8 (float8_e4m3fn storage: a uint8 cache is viewed so), the
-#: split pair in ND bf16 and NZ with an int8 latent.
+#: split pair in ND bf16 and NZ with an int8 latent; the small-batch plan with the combined cache.
 MLA_FORMS = (MLAForm("mla"), MLAForm("mla, kv combined", form="combined"),
              MLAForm("mla, kv combined fp8", form="combined", kv_cache_dtype="fp8"),
              MLAForm("mla, kv split nd", form="split"),
-             MLAForm("mla, kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"))
+             MLAForm("mla, kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"),
+             MLAForm("mla small batch, kv combined", form="combined", small=True))
 
 
 def mla_jobs() -> list[tuple[str, object, int, MLAForm]]:
@@ -339,7 +341,7 @@ def _mla_kernel_of(spec, heads: int, form: MLAForm):
     storage = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else None
     call = mla_call(spec, heads, "bf16", "fp32", q_side=form.q_side, form=form.form, layout=form.layout,
                     kv_cache_dtype=form.kv_cache_dtype, storage=storage)
-    plan = cuda.mla_plan(call.shape, _sm90_facts())
+    plan = (cuda.mla_small_plan if form.small else cuda.mla_plan)(call.shape, _sm90_facts())
     nope = {"auto": "bf16", "int8": "int8", "fp8": "fp8_e4m3"}[form.kv_cache_dtype]
     rope = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else "bf16"
     signature = in_argument_order(kernel, signature("bf16", "fp32", TRITON_DTYPES[nope], TRITON_DTYPES[rope]))

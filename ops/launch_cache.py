@@ -25,8 +25,12 @@ import threading
 
 import torch
 
-__all__ = ["MAX_ENTRIES", "TOKEN_KEYS", "LaunchCache", "ZeroWidth", "call_key", "clear", "positions_key", "prepared",
-           "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
+__all__ = ["MAX_ENTRIES", "MAX_TOKEN_COUNTS", "TOKEN_KEYS", "LaunchCache", "ZeroWidth", "call_key", "clear",
+           "positions_key", "prepared", "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
+
+#: Token counts an entry keeps per-count state for (its plans and grids, its ``[T, 0]`` outputs, the
+#: AscendC tilings): a bound on each per-count dict, which starts over past it.
+MAX_TOKEN_COUNTS = 4096
 
 #: Entries per cache: a model has a few layer geometries, each with at most three token-count
 #: buckets (0, 1, more) per cache; 256 leaves room for many models and tests in one process.
@@ -95,9 +99,6 @@ class ZeroWidth:
         Tensors per token count.
     """
 
-    #: Token counts kept (a bound on the per-count dict; past it the dict starts over).
-    MAX_TOKEN_COUNTS = 4096
-
     def __init__(self, dtype: torch.dtype, device: torch.device, count: int):
         self._made: dict[int, tuple] = {}
         self._dtype, self._device, self._count = dtype, device, count
@@ -108,7 +109,7 @@ class ZeroWidth:
             with torch.inference_mode(False):
                 made = tuple(torch.empty((num_tokens, 0), dtype=self._dtype, device=self._device)
                              for _ in range(self._count))
-            if len(self._made) >= self.MAX_TOKEN_COUNTS:
+            if len(self._made) >= MAX_TOKEN_COUNTS:
                 self._made.clear()
             self._made[num_tokens] = made
         return made

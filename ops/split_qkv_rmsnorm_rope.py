@@ -917,9 +917,6 @@ class Prepared:
         outputs and launches nothing).
     """
 
-    #: Token counts whose plan and grid are kept (a bound on the per-count dict).
-    MAX_TOKEN_COUNTS = 4096
-
     def __init__(self, call: validation.Call, args: dict):
         self.call = call
         qkv = args["qkv"]
@@ -1009,7 +1006,7 @@ class Prepared:
         bound = self._bound.get(plan)
         if bound is None:
             bound = self._bound[plan] = self._bind(plan, grid, sources, num_tokens)
-        if len(self._per_tokens) >= self.MAX_TOKEN_COUNTS:
+        if len(self._per_tokens) >= launch_cache.MAX_TOKEN_COUNTS:
             self._per_tokens.clear()
         self._per_tokens[num_tokens] = grid, bound
         return grid, bound

@@ -352,8 +352,9 @@ X, Q_C, KV_C, K_PE, Q_W, KV_W, COS_SIN, POS, NOPE, ROPE, SLOTS, SCALE = range(12
 
 class PreparedMLA:
     """A validated call of the MLA kernel (the prologue or the q side) for every token count: the
-    launch cache's entry. The plan is one for every batch size; the kernel is bound on the first
-    launch.
+    launch cache's entry. The plan is picked per token count (:func:`~.tiling.mla_plan_for`: on
+    CUDA the prologue's small-batch plan or the large one) and kept with its grid; the kernel is
+    bound on the first launch of each plan.
 
     Parameters
     ----------
@@ -369,8 +370,8 @@ class PreparedMLA:
         self.device = x.device
         self.launches = x.device.type != "meta"
         validation.check_runnable(x.device, interpreted(mla_kernel))
-        self.plan = mla_plan_for(x.device, call.shape)
-        self._bound = None
+        self._per_tokens: dict[int, tuple] = {}
+        self._bound: dict = {}
 
     def tokens_agree(self, args: dict) -> bool:
         """Whether positions and slot mapping hold the call's token count (the key leaves it out)."""
@@ -380,14 +381,26 @@ class PreparedMLA:
         return ((positions is None or positions.shape[-1] == tokens)
                 and (slots is None or slots.shape[0] >= tokens))
 
-    def _launch(self, sources: tuple, tokens: int, tensors: dict, scalars: dict) -> None:
-        grid = self.plan.grid(self.call.shape, tokens)
-        if self._bound is None:
-            self._bound = BoundKernel(mla_kernel, tensors, dict(scalars, num_tokens=tokens,
-                                                                 **constexprs(self.call, self.plan),
-                                                                 **self.plan.launch_options),
-                                      sources, runtime=("num_tokens",), grid=grid)
-        self._bound(grid, sources, (tokens,))
+    def _launch(self, sources: tuple, tokens: int, arguments) -> None:
+        """The kernel on ``sources`` for ``tokens`` tokens; ``arguments(self, sources)`` gives the
+        kernel's ``(tensors by source index, scalars)`` when a plan is bound the first time."""
+        launch = self._per_tokens.get(tokens)
+        if launch is None:
+            shape = self.call.shape
+            plan = mla_plan_for(self.device, shape, tokens)
+            grid = plan.grid(shape, tokens)
+            bound = self._bound.get(plan)
+            if bound is None:
+                tensors, scalars = arguments(self, sources)
+                bound = self._bound[plan] = BoundKernel(
+                    mla_kernel, tensors, dict(scalars, num_tokens=tokens, **constexprs(self.call, plan),
+                                              **plan.launch_options),
+                    sources, runtime=("num_tokens",), grid=grid)
+            if len(self._per_tokens) >= launch_cache.MAX_TOKEN_COUNTS:
+                self._per_tokens.clear()
+            launch = self._per_tokens[tokens] = grid, bound
+        grid, bound = launch
+        bound(grid, sources, (tokens,))
 
     def run_prologue(self, args: dict):
         """``split_qkv_rmsnorm_rope_mla`` on ``args``: ``(q_c, kv_c_normed, k_pe)``."""
@@ -409,28 +422,7 @@ class PreparedMLA:
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
         sources = (x, q_c, kv_c, k_pe, args["q_a_weight"], args["kv_a_weight"], cos_sin, positions, nope_cache,
                    rope_cache, args["slot_mapping"], args["k_scale"])
-        if self._bound is None:
-            nope, rope = (cache.nope, cache.rope) if cache is not None else (None, None)
-            tensors = dict(
-                x_ptr=X, q_c_ptr=Q_C if shape.q_lora_rank else KV_C, kv_c_ptr=KV_C,
-                k_pe_ptr=K_PE if shape.rope_dim else KV_C, q_w_ptr=KV_W if sources[Q_W] is None else Q_W,
-                kv_w_ptr=KV_W, cache_ptr=COS_SIN if shape.rope_dim else X,
-                pos_ptr=POS if shape.rope_dim else SLOTS if cache is not None else KV_W,
-                nope_cache_ptr=X if cache is None else NOPE, rope_cache_ptr=X if cache is None else ROPE,
-                slot_ptr=KV_W if cache is None else SLOTS, scale_ptr=KV_W if sources[SCALE] is None else SCALE)
-            scalars = dict(
-                max_position=cos_sin.shape[0] if shape.rope_dim else 1,
-                x_stride=x.stride(0), x_head_stride=0, rope_col=0,
-                q_c_stride=q_c.stride(0), kv_c_stride=kv_c.stride(0), k_pe_stride=k_pe.stride(0),
-                cache_stride=cos_sin.stride(0) if shape.rope_dim else 0, eps=call.eps,
-                block_size=nope.block_size if nope else 1,
-                nope_block_stride=nope.block if nope else 0, nope_slot_stride=nope.slot if nope else 0,
-                nope_chunk_stride=nope.chunk if nope else 0,
-                rope_block_stride=rope.block if rope else 0, rope_slot_stride=rope.slot if rope else 0,
-                rope_chunk_stride=rope.chunk if rope else 0, rope_offset=rope.offset if rope else 0)
-        else:
-            tensors = scalars = None
-        self._launch(sources, tokens, tensors, scalars)
+        self._launch(sources, tokens, PreparedMLA._prologue_arguments)
         return q_c, kv_c, k_pe
 
     def run_q_rope(self, args: dict):
@@ -441,19 +433,45 @@ class PreparedMLA:
             return q
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
         sources = (q, None, None, None, None, None, cos_sin, positions, None, None, None, None)
-        if self._bound is None:
-            tensors = dict(x_ptr=X, q_c_ptr=X, kv_c_ptr=X, k_pe_ptr=X, q_w_ptr=X, kv_w_ptr=X, cache_ptr=COS_SIN,
-                           pos_ptr=POS, nope_cache_ptr=X, rope_cache_ptr=X, slot_ptr=POS, scale_ptr=COS_SIN)
-            shape = self.call.shape
-            scalars = dict(
-                max_position=cos_sin.shape[0], x_stride=q.stride(0), x_head_stride=q.stride(1),
-                rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
-                cache_stride=cos_sin.stride(0), eps=0.0, block_size=1, nope_block_stride=0, nope_slot_stride=0,
-                nope_chunk_stride=0, rope_block_stride=0, rope_slot_stride=0, rope_chunk_stride=0, rope_offset=0)
-        else:
-            tensors = scalars = None
-        self._launch(sources, tokens, tensors, scalars)
+        self._launch(sources, tokens, PreparedMLA._q_rope_arguments)
         return q
+
+    def _prologue_arguments(self, sources: tuple) -> tuple[dict, dict]:
+        """The prologue's kernel arguments: tensors by source index, and scalars."""
+        call, x, kv_c = self.call, sources[X], sources[KV_C]
+        shape, cache, q_c, k_pe, cos_sin = call.shape, call.cache, sources[Q_C], sources[K_PE], sources[COS_SIN]
+        nope, rope = (cache.nope, cache.rope) if cache is not None else (None, None)
+        tensors = dict(
+            x_ptr=X, q_c_ptr=Q_C if shape.q_lora_rank else KV_C, kv_c_ptr=KV_C,
+            k_pe_ptr=K_PE if shape.rope_dim else KV_C, q_w_ptr=KV_W if sources[Q_W] is None else Q_W,
+            kv_w_ptr=KV_W, cache_ptr=COS_SIN if shape.rope_dim else X,
+            pos_ptr=POS if shape.rope_dim else SLOTS if cache is not None else KV_W,
+            nope_cache_ptr=X if cache is None else NOPE, rope_cache_ptr=X if cache is None else ROPE,
+            slot_ptr=KV_W if cache is None else SLOTS, scale_ptr=KV_W if sources[SCALE] is None else SCALE)
+        scalars = dict(
+            max_position=cos_sin.shape[0] if shape.rope_dim else 1,
+            x_stride=x.stride(0), x_head_stride=0, rope_col=0,
+            q_c_stride=q_c.stride(0), kv_c_stride=kv_c.stride(0), k_pe_stride=k_pe.stride(0),
+            cache_stride=cos_sin.stride(0) if shape.rope_dim else 0, eps=call.eps,
+            block_size=nope.block_size if nope else 1,
+            nope_block_stride=nope.block if nope else 0, nope_slot_stride=nope.slot if nope else 0,
+            nope_chunk_stride=nope.chunk if nope else 0,
+            rope_block_stride=rope.block if rope else 0, rope_slot_stride=rope.slot if rope else 0,
+            rope_chunk_stride=rope.chunk if rope else 0, rope_offset=rope.offset if rope else 0)
+        return tensors, scalars
+
+    def _q_rope_arguments(self, sources: tuple) -> tuple[dict, dict]:
+        """The q side's kernel arguments: tensors by source index, and scalars."""
+        q, cos_sin = sources[X], sources[COS_SIN]
+        tensors = dict(x_ptr=X, q_c_ptr=X, kv_c_ptr=X, k_pe_ptr=X, q_w_ptr=X, kv_w_ptr=X, cache_ptr=COS_SIN,
+                       pos_ptr=POS, nope_cache_ptr=X, rope_cache_ptr=X, slot_ptr=POS, scale_ptr=COS_SIN)
+        shape = self.call.shape
+        scalars = dict(
+            max_position=cos_sin.shape[0], x_stride=q.stride(0), x_head_stride=q.stride(1),
+            rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
+            cache_stride=cos_sin.stride(0), eps=0.0, block_size=1, nope_block_stride=0, nope_slot_stride=0,
+            nope_chunk_stride=0, rope_block_stride=0, rope_slot_stride=0, rope_chunk_stride=0, rope_offset=0)
+        return tensors, scalars
 
 
 def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False):

@@ -4,9 +4,10 @@
 For each MLA model and token count, times the prologue (``split_qkv_rmsnorm_rope_mla`` with the
 bf16 combined cache write) and the q side (``mla_q_rope_``) separately under every plan of the
 sweep (CUDA-graph replay, the benchmark's :class:`Timer`), each against a plain copy of the same
-bytes of that launch, and prints the current plan (``ops/tiling/cuda.py``'s ``mla_plan``) beside
-the best. The numbers back the MLA constants of ``ops/tiling/cuda.py``; their outcome is one line
-in ``docs/performance.md``. ``--json`` keeps every measurement.
+bytes of that launch, and prints the current plan (``ops/tiling/cuda.py``'s
+``mla_plan_for_tokens``: the small-batch plan at small token counts) beside the best. The numbers
+back the MLA constants of ``ops/tiling/cuda.py``; their outcome is one line in
+``docs/performance.md``. ``--json`` keeps every measurement.
 
 ``--floor`` times, instead of the sweep, each launch under the current plan against two copies of
 its bytes: the plain contiguous copy (what the benchmark's ``copy`` column is) and a copy with the
@@ -186,7 +187,7 @@ def main() -> int:
             continue
         for launch, shape, size, fn in launches:
             copy = copy_replay(device, timer, size)
-            current = cuda.mla_plan(shape, facts)
+            current = cuda.mla_plan_for_tokens(shape, facts, tokens)
             timings = {}
             for plan in [current, *_candidates(current, shape.q_rope, facts, args)]:
                 with tiling.forced(plan=plan):

@@ -19,8 +19,8 @@ import torch
 from .. import device as _device
 from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 
-__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "forced", "mla_plan_for", "next_pow2",
-           "plan_for", "prev_pow2", "sums_plan_for", "warm_up_token_counts"]
+__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "forced", "mla_plan_for",
+           "mla_warm_up_token_counts", "next_pow2", "plan_for", "prev_pow2", "sums_plan_for", "warm_up_token_counts"]
 
 
 _forced_backend: str | None = None
@@ -68,17 +68,20 @@ def plan_for(device: torch.device, shape: KernelShape, num_tokens: int | None = 
     return ascend.plan(shape, _device.ascend_facts(index))
 
 
-def mla_plan_for(device: torch.device, shape: MLAShape) -> MLAPlan:
+def mla_plan_for(device: torch.device, shape: MLAShape, num_tokens: int | None = None) -> MLAPlan:
     """The MLA kernel's plan for ``shape`` on ``device`` (the backend chosen as :func:`plan_for`
-    chooses it; a plan forced with :func:`forced` is used when it is an :class:`MLAPlan`; one plan
-    for every batch size)."""
+    chooses it; a plan forced with :func:`forced` is used when it is an :class:`MLAPlan`): with
+    ``num_tokens`` on CUDA, the small-batch plan where it serves (``cuda.mla_plan_for_tokens``);
+    on Ascend one plan for every batch size."""
     from . import ascend, cuda
 
     if isinstance(_forced_plan, MLAPlan):
         return _forced_plan
     facts = _cuda_facts_for(device)
     if facts is not None:
-        return cuda.mla_plan(shape, facts)
+        if num_tokens is None:
+            return cuda.mla_plan(shape, facts)
+        return cuda.mla_plan_for_tokens(shape, facts, num_tokens)
     native = _device.device_kind(device)
     index = (device.index or 0) if native == "ascend" else None
     return ascend.mla_plan(shape, _device.ascend_facts(index))
@@ -106,6 +109,17 @@ def warm_up_token_counts(device: torch.device, shape: KernelShape) -> tuple[int,
     if facts is None:
         return (1,)
     return 1, cuda.small_batch_max_tokens(shape, facts) + 1
+
+
+def mla_warm_up_token_counts(device: torch.device, shape: MLAShape) -> tuple[int, ...]:
+    """One token count per plan :func:`mla_plan_for` can pick for ``shape`` on ``device`` (to
+    compile each ahead of time): CUDA's small-batch and large prologue plans, else one."""
+    from . import cuda
+
+    facts = None if _forced_plan is not None else _cuda_facts_for(device)
+    if facts is None or shape.q_rope:
+        return (1,)
+    return 1, cuda.mla_small_max_tokens(shape, facts) + 1
 
 
 def _cuda_facts_for(device: torch.device) -> _device.CudaFacts | None:

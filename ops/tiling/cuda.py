@@ -9,7 +9,7 @@ layer geometry compiles two kernels at most.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
 from ..device import CudaFacts
@@ -496,13 +496,27 @@ MLA_PROGRAMS_PER_SM = 16
 MLA_DEPENDENT_LAUNCH = True
 
 
+#: The MLA prologue's small-batch plan (:func:`mla_small_plan`): one token a tile, q_c's and kv_c's
+#: rows held whole (up to :data:`MLA_SMALL_MAX_ROW` lanes: one pass, no second read of the row) on
+#: :data:`MLA_SMALL_WARPS` warps. H100, 2026-12-06 (``tune_mla_plan.py --tokens 1 64``), the prologue
+#: alone, one call a graph, T = 1 / 64, the large plan -> this one: DeepSeek-V3 7.78 / 8.45 -> 6.18 /
+#: 6.69 us, Kimi-K2 TP 8 7.84 / 8.16 -> 6.40 / 6.56 (the sweep's best of 1-4 tokens x 2-8 warps),
+#: V2-Lite 6.85 / 7.25 -> 6.50 / 6.98 (its best, 4 warps, 6.24 / 6.75, moves kv_c's 512 lanes in
+#: 8-byte pieces: ``cuda_compile``'s 16-byte rule).
+MLA_SMALL_WARPS = 2
+MLA_SMALL_MAX_ROW = 2048
+#: The small plan serves while the large plan would have at most this many tiles an SM.
+MLA_SMALL_TILES_PER_SM = 1.0
+
+
 @functools.lru_cache(maxsize=None)
 def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
     """The CUDA plan of the MLA kernel (pure; the H200 sweep's constants above): the prologue's tile
     is :data:`MLA_TILE_ELEMENTS` (tokens x the widest row chunk) on :data:`MLA_WARPS` warps, the
     q side's :data:`MLA_Q_TILE_ELEMENTS` (tokens x up to ``MAX_BLOCK_HEADS`` heads x the rotary
     lanes) on :data:`MLA_Q_WARPS`; :data:`MLA_PROGRAMS_PER_SM` programs an SM walking the tiles grid-stride;
-    dependent launch where :data:`MLA_DEPENDENT_LAUNCH` and the GPU allow. One plan for every batch size."""
+    dependent launch where :data:`MLA_DEPENDENT_LAUNCH` and the GPU allow. Small batches of the prologue take
+    :func:`mla_small_plan` (:func:`mla_plan_for_tokens`)."""
     from .ascend import mla_row_chunk
 
     q_chunk = min(mla_row_chunk(shape.q_lora_rank), MLA_MAX_ROW_CHUNK) if shape.q_lora_rank else 1
@@ -517,3 +531,38 @@ def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
     return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
                    max_programs=facts.num_sms * MLA_PROGRAMS_PER_SM, num_warps=warps,
                    pdl=MLA_DEPENDENT_LAUNCH and _dependent_launch(facts))
+
+
+@functools.lru_cache(maxsize=None)
+def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
+    """The MLA prologue's small-batch plan: :func:`mla_plan` with one token a tile, each latent
+    row held whole where it has at most :data:`MLA_SMALL_MAX_ROW` lanes, :data:`MLA_SMALL_WARPS`
+    warps (the q side has none of its own: :func:`mla_plan`)."""
+    large = mla_plan(shape, facts)
+    if shape.q_rope:
+        return large
+
+    def whole(rank: int, chunk: int) -> int:
+        return next_pow2(rank) if rank and next_pow2(rank) <= MLA_SMALL_MAX_ROW else chunk
+
+    return replace(large, block_tokens=1, q_chunk=whole(shape.q_lora_rank, large.q_chunk),
+                   kv_chunk=whole(shape.kv_lora_rank, large.kv_chunk), num_warps=MLA_SMALL_WARPS)
+
+
+def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> MLAPlan:
+    """:func:`mla_small_plan` while :func:`mla_plan` would have at most
+    :data:`MLA_SMALL_TILES_PER_SM` tiles an SM for ``num_tokens`` tokens (up to
+    :func:`mla_small_max_tokens`), else :func:`mla_plan`: two compiled kernels per MLA geometry at
+    most, whatever the batch sizes."""
+    if num_tokens <= mla_small_max_tokens(shape, facts):
+        return mla_small_plan(shape, facts)
+    return mla_plan(shape, facts)
+
+
+@functools.lru_cache(maxsize=None)
+def mla_small_max_tokens(shape: MLAShape, facts: CudaFacts) -> int:
+    """The most tokens :func:`mla_plan_for_tokens` gives the small-batch plan (0 for the q side)."""
+    if shape.q_rope:
+        return 0
+    large = mla_plan(shape, facts)
+    return int(MLA_SMALL_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape) * large.block_tokens

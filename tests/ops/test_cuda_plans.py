@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 from vllm_ascend_ext.ops.reference import make_inputs
-from vllm_ascend_ext.ops.tiling import KernelShape, MLAShape, ascend, cuda
+from vllm_ascend_ext.ops import tiling
+from vllm_ascend_ext.ops.tiling import KernelShape, MLAShape, ascend, cuda, next_pow2
 
 from op_checks import shape_of
 
@@ -203,3 +205,44 @@ def test_cuda_mla_dependent_launch(shape):
     assert dependent.dependent_launch and dependent.launch_options["launch_pdl"] is True
     assert dataclasses.replace(dependent, pdl=False) == plain
     assert not ascend.mla_plan(shape, device_facts.ascend_facts()).dependent_launch
+
+
+@pytest.mark.parametrize("shape", [
+    MLAShape(1536, 512, 64, 2, 4, kv_cache=True),  # DeepSeek-V3's prologue with the cache write
+    MLAShape(0, 512, 64, 2, 4),  # DeepSeek-V2-Lite's (no q latent)
+    MLAShape(0, 0, 64, 2, 4, num_heads=16, head_dim=192),  # the q side: no small-batch plan
+])
+def test_cuda_mla_small_batch_plan(shape):
+    """The prologue's small-batch plan (one token a tile, latent rows held whole, MLA_SMALL_WARPS)
+    serves exactly while the large plan would have at most MLA_SMALL_TILES_PER_SM tiles an SM;
+    the q side keeps its one plan; Ascend has one plan for every batch size."""
+    facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
+    large, small = cuda.mla_plan(shape, facts), cuda.mla_small_plan(shape, facts)
+    if shape.q_rope:
+        assert small == large
+        assert cuda.mla_plan_for_tokens(shape, facts, 1) == large
+        return
+    assert (small.block_tokens, small.num_warps) == (1, cuda.MLA_SMALL_WARPS)
+    for rank, chunk, small_chunk in ((shape.q_lora_rank, large.q_chunk, small.q_chunk),
+                                     (shape.kv_lora_rank, large.kv_chunk, small.kv_chunk)):
+        assert small_chunk == (next_pow2(rank) if rank else chunk) and small_chunk >= rank
+    limit = cuda.MLA_SMALL_TILES_PER_SM * facts.num_sms
+    last = max(t for t in range(1, 4096) if large.num_tiles(shape, t) <= limit)
+    assert cuda.mla_plan_for_tokens(shape, facts, 1) == small
+    assert cuda.mla_plan_for_tokens(shape, facts, last) == small
+    assert cuda.mla_plan_for_tokens(shape, facts, last + 1) == large
+    assert tiling.mla_plan_for(torch.device("cpu"), shape, 1) == tiling.mla_plan_for(torch.device("cpu"), shape)
+
+
+def test_mla_warm_up_token_counts_reach_every_plan():
+    """The worker hook's MLA warm-up compiles each plan the op can pick: on CUDA the prologue's
+    small-batch and large plans (one token count each), the q side's one; on Ascend one."""
+    cpu = torch.device("cpu")
+    prologue, q_side = MLAShape(1536, 512, 64, 2, 4, kv_cache=True), MLAShape(0, 0, 64, 2, 4, num_heads=16,
+                                                                                 head_dim=192)
+    assert tiling.mla_warm_up_token_counts(cpu, prologue) == (1,)
+    with tiling.forced("cuda"):
+        small, large = tiling.mla_warm_up_token_counts(cpu, prologue)
+        assert tiling.mla_plan_for(cpu, prologue, small) != tiling.mla_plan_for(cpu, prologue, large)
+        assert tiling.mla_plan_for(cpu, prologue, large) == tiling.mla_plan_for(cpu, prologue)
+        assert tiling.mla_warm_up_token_counts(cpu, q_side) == (1,)

@@ -287,7 +287,7 @@ def test_cuda_mla_direct_launch_and_no_host_sync(device):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for name in ("split_qkv_rmsnorm_rope_mla", "mla_q_rope_"):
         cache = next(c for c in launch_cache._caches if c.name == name)
-        assert all(entry._bound.direct for entry in cache._entries.values())
+        assert all(b.direct for entry in cache._entries.values() for b in entry._bound.values())
 
 
 def _count_allocations(monkeypatch) -> list:

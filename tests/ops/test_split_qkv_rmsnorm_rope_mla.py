@@ -2,10 +2,11 @@
 against the float64 reference (``reference.split_qkv_rmsnorm_rope_mla``, ``reference.mla_q_rope``,
 ``reference.mla_cache_write``).
 
-Each test runs under forced launch plans (:data:`PLANS`): the Ascend plan, the CUDA plan, and
-``small``, 2 tokens a tile, 2 heads a q-side tile, latent rows in chunks of 16 lanes (so the
-interpreter-sized rows cross chunk boundaries, the last chunk partial) and 3 programs walking the
-tiles grid-stride. Outputs are allocated full of NaN inside a frame of sentinels (``poisoned``).
+Each test runs under forced launch plans (:data:`PLANS`): the Ascend plan, the CUDA plan, its
+small-batch plan (one token a tile, latent rows held whole, masked; the q side has none:
+:data:`Q_PLANS`), and ``small``, 2 tokens a tile, 2 heads a q-side tile, latent rows in chunks of
+16 lanes (so the interpreter-sized rows cross chunk boundaries, the last chunk partial) and 3
+programs walking the tiles grid-stride. Outputs are allocated full of NaN inside a frame of sentinels (``poisoned``).
 Caches are filled with random bits; after a call every element no valid slot of the first ``T``
 addresses must keep its bits, and every addressed one must hold ``reference.mla_cache_write``'s
 value (the op's own outputs stored: cast, or quantised), bit for bit. Slot mappings mix a run
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.kernel
 op_module = importlib.import_module("vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla")
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-PLANS = ("ascend", "cuda", "small")
+PLANS = ("ascend", "cuda", "cuda-small", "small")
+#: The q side has no small-batch plan of its own.
+Q_PLANS = ("ascend", "cuda", "small")
 SMALL_PLAN = MLAPlan(block_tokens=2, block_heads=2, q_chunk=16, kv_chunk=16, max_programs=3, num_warps=4)
 #: (q_lora_rank, kv_lora_rank, rope_dim): interpreter-sized rows (40 = 2.5 chunks of the small plan),
 #: the no-q-latent form (V2-Lite) and the no-rope form (Kimi-K3).
@@ -44,9 +47,9 @@ NO_ROPE = (40, 24, 0)
 def plan_of(kind: str, shape: MLAShape, device) -> MLAPlan:
     if kind == "ascend":
         return ascend.mla_plan(shape, device_facts.ascend_facts(None))
-    if kind == "cuda":
-        return cuda.mla_plan(shape, device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda"
-                                                            else None))
+    if kind in ("cuda", "cuda-small"):
+        facts = device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda" else None)
+        return (cuda.mla_plan if kind == "cuda" else cuda.mla_small_plan)(shape, facts)
     assert kind == "small", kind
     return SMALL_PLAN
 
@@ -331,7 +334,7 @@ def run_q_and_check(device, tokens: int, heads: int, head_dim: int, rope_dim: in
     assert torch.equal(bits(backing[~mask]), bits(backing_before[~mask])), "wrote outside q's rotary lanes"
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", Q_PLANS)
 @pytest.mark.parametrize("spelling", ["contiguous", "padded", "heads-outer"])
 def test_q_rope_tile_boundaries(device, plan, spelling):
     """Token counts across the plan's tiles, head counts across its head blocks (5 heads in blocks
@@ -409,9 +412,10 @@ def test_no_recompile_per_batch_size(device):
             return sum(len(entry[0]) for entry in caches.values())
         return sum(len(entry) for entry in kernel.cache.values())
 
-    split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*SMALL, 1, device=device))
+    for tokens in (1, 4096):  # the small-batch plan's kernel and the large one's
+        split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*SMALL, tokens, device=device))
     count = compiled()
-    for tokens in (2, 17, 64, 1000, 4096):
+    for tokens in (2, 17, 64, 1000, 3000):
         split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*SMALL, tokens, device=device))
     assert compiled() == count
 

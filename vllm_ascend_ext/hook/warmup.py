@@ -173,35 +173,36 @@ def mla_warm_up_cases(state, layers: dict, dtype: torch.dtype) -> list[MLAWarmUp
     return cases
 
 
-def mla_op_calls(case: MLAWarmUp, dtype: torch.dtype, device: torch.device) -> list[tuple]:
+def mla_op_calls(case: MLAWarmUp, dtype: torch.dtype, device: torch.device, tokens: int = 1) -> list[tuple]:
     """``(name, args, kwargs)`` (``name``: the op's in :mod:`vllm_ascend_ext.kernels.mla_ops` and
     :mod:`~vllm_ascend_ext.ops.validation`) of the calls :func:`mla_warm_up` makes for ``case``
-    (zeros, one token): ``split_qkv_rmsnorm_rope_mla`` without a cache, the same with vLLM's
+    (zeros, ``tokens`` tokens): ``split_qkv_rmsnorm_rope_mla`` without a cache, the same with vLLM's
     combined cache ``[1, block_size, Lkv + R]`` (activation dtype, ``kv_cache_dtype="auto"``, an
     int64 slot mapping, as the glue op passes them) when ``case.block_size``, and ``mla_q_rope_``
-    on ``q [1, H, nope + R]`` (``q_b_proj``'s output viewed per head)."""
+    on ``q [T, H, nope + R]`` (``q_b_proj``'s output viewed per head)."""
     from ..kernels import mla_ops
 
     geo = case.geometry
     zeros = functools.partial(torch.zeros, device=device)
-    args = (zeros(1, geo.q_lora_rank + geo.kv_lora_rank + geo.rope_dim, dtype=dtype),
+    args = (zeros(tokens, geo.q_lora_rank + geo.kv_lora_rank + geo.rope_dim, dtype=dtype),
             torch.ones(geo.q_lora_rank, dtype=dtype, device=device) if geo.q_lora_rank else None,
             torch.ones(geo.kv_lora_rank, dtype=dtype, device=device), zeros(1, geo.rope_dim, dtype=case.cos_sin_dtype),
-            zeros(1, dtype=torch.int64), geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim, geo.eps)
+            zeros(tokens, dtype=torch.int64), geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim, geo.eps)
     calls = [(mla_ops.MLA_OP_NAME, args, {"is_neox": geo.is_neox})]
     if case.block_size:
         cache = zeros(1, case.block_size, geo.kv_lora_rank + geo.rope_dim, dtype=dtype)
         calls.append((mla_ops.MLA_OP_NAME, args, dict(is_neox=geo.is_neox, kv_cache=cache,
-                                                   slot_mapping=zeros(1, dtype=torch.int64),
+                                                   slot_mapping=zeros(tokens, dtype=torch.int64),
                                                    kv_cache_dtype="auto", k_scale=None)))
-    q = zeros(1, geo.num_heads, geo.nope_dim + geo.rope_dim, dtype=dtype)
+    q = zeros(tokens, geo.num_heads, geo.nope_dim + geo.rope_dim, dtype=dtype)
     calls.append((mla_ops.Q_ROPE_OP_NAME, (q, args[3], args[4], geo.rope_dim), {"is_neox": geo.is_neox}))
     return calls
 
 
 def mla_warm_up(device: torch.device, cases, dtype: torch.dtype) -> dict:
-    """Run both MLA launches once per geometry (:func:`mla_op_calls`; the MLA plan is one for every
-    token count): Triton compiles them now, not at the first step.
+    """Run both MLA launches of each geometry once per launch plan (:func:`mla_op_calls` at each of
+    ``tiling.mla_warm_up_token_counts``: on CUDA the prologue's small-batch and large plans):
+    Triton compiles them now, not at the first step.
 
     Parameters
     ----------
@@ -224,13 +225,19 @@ def mla_warm_up(device: torch.device, cases, dtype: torch.dtype) -> dict:
         A bad ``VLLM_ASCEND_EXT_*`` value is the operator's to fix, not a compile failure.
     """
     from ..kernels import mla_ops
+    from ..ops import validation_mla
+    from ..ops.tiling import mla_warm_up_token_counts
 
     failures = {}
     for case in cases:
         try:
-            for name, args, kwargs in mla_op_calls(case, dtype, device):
-                op = mla_ops.q_rope_op() if name == mla_ops.Q_ROPE_OP_NAME else mla_ops.mla_op()
-                op(*args, **kwargs)
+            calls = mla_op_calls(case, dtype, device)
+            _, args, kwargs = calls[0]
+            counts = mla_warm_up_token_counts(device, validation_mla.split_qkv_rmsnorm_rope_mla(*args, **kwargs).shape)
+            for tokens in counts:
+                for name, args, kwargs in calls if tokens == 1 else mla_op_calls(case, dtype, device, tokens):
+                    op = mla_ops.q_rope_op() if name == mla_ops.Q_ROPE_OP_NAME else mla_ops.mla_op()
+                    op(*args, **kwargs)
         except settings.SettingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one geometry's compile or run

@@ -177,9 +177,6 @@ class Prepared:
         The call's arguments by name, as the Python API takes them (``inplace`` among them).
     """
 
-    #: Token counts whose tiling is kept (a bound on the per-count dict).
-    MAX_TOKEN_COUNTS = 4096
-
     tokens_agree = staticmethod(launch_cache.tokens_agree)
 
     def __init__(self, call: validation.Call, args: dict):
@@ -262,7 +259,7 @@ class Prepared:
                                  value_cache=args.get("value_cache"), slot_mapping=args.get("slot_mapping"),
                                  device_index=self.device_index, num_tokens=tokens)
         if forced_plan() is None:
-            if len(self._tilings) >= self.MAX_TOKEN_COUNTS:
+            if len(self._tilings) >= launch_cache.MAX_TOKEN_COUNTS:
                 self._tilings.clear()
             self._tilings[tokens] = t, block_dim
         return t, block_dim
