@@ -505,7 +505,10 @@ MLA_DEPENDENT_LAUNCH = True
 #: 8-byte pieces: ``cuda_compile``'s 16-byte rule).
 MLA_SMALL_WARPS = 2
 MLA_SMALL_MAX_ROW = 2048
-#: The small plan serves while the large plan would have at most this many tiles an SM.
+#: The small plan serves while the large plan would have at most this many tiles an SM (T <= 264
+#: on 132 SMs): not measured for MLA between T = 64 (small plan 1.04-1.26x faster) and 4096; the
+#: GQA family's crossover (:data:`SMALL_BATCH_TILES_PER_SM`: small won at <= 1.09 large tiles an
+#: SM, lost at >= 1.45), taken at its lower, measured side.
 MLA_SMALL_TILES_PER_SM = 1.0
 
 

@@ -1,16 +1,16 @@
 """``scripts/bench_mla_cuda_peer.py`` (vLLM's CUDA MLA peer built from vLLM's source) on the CPU:
 where it finds vLLM's file, the sources it builds from, and its refusals."""
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_mla_cuda_peer.py"
+from cli_helpers import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "bench_mla_cuda_peer.py"
 #: The includes of vLLM's cache_kernels_fused.cu (CUDA path) that the stand-ins replace.
 VLLM_INCLUDES = ("cuda_compat.h", "dispatch_utils.h", "quantization/w8a8/fp8/common.cuh",
                  "quantization/w8a8/fp8/nvidia/quant_utils.cuh")
@@ -18,10 +18,7 @@ VLLM_INCLUDES = ("cuda_compat.h", "dispatch_utils.h", "quantization/w8a8/fp8/com
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("bench_mla_cuda_peer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_mla_cuda_peer")
 
 
 def test_finds_the_file_from_a_checkout_its_csrc_or_itself(peer, tmp_path):

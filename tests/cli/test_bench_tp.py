@@ -7,10 +7,8 @@ parts (the unfused path's math, the sharded geometry, the bar, the report) are c
 """
 
 import csv
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +17,11 @@ from vllm_ascend_ext.bench import cases, catalog, harness, report, tp
 from vllm_ascend_ext.ops import reference
 from vllm_ascend_ext.ops.models import AttentionGeometry, model
 
+from cli_helpers import load_script
+
 TINY = AttentionGeometry(4, 2, 16, 8, qk_norm_across_heads=True)
 #: One kv head over two ranks: replicated (each rank holds the same head).
 TINY_REPLICATED = AttentionGeometry(4, 1, 16, 8, qk_norm_across_heads=True)
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_split_qkv_tp_rmsnorm_rope.py"
 
 
 def _rel_err(out, ref) -> float:
@@ -154,9 +153,7 @@ def test_two_gloo_ranks_check_time_and_write(tmp_path, capfd):
 
 
 def test_script_runs_two_ranks_of_a_given_geometry(tmp_path, capfd):
-    spec = importlib.util.spec_from_file_location("bench_tp_script", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("bench_split_qkv_tp_rmsnorm_rope")
     code = script.main(["--backend", "cpu", "--ranks", "2", "--tokens", "3", "--geometry", "4/2/16/8",
                         "--providers", "ours_tp,copy+allreduce", "--reps", "1", "--out", str(tmp_path)])
     out = capfd.readouterr().out

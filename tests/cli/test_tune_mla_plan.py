@@ -2,10 +2,8 @@
 its byte counts against the benchmark's, its candidate plans, and its refusal without a GPU."""
 
 import argparse
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,15 +13,14 @@ from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.tiling import cuda
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_mla_plan.py"
+from cli_helpers import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "tune_mla_plan.py"
 
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("tune_mla_plan", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tune_mla_plan")
 
 
 @pytest.mark.parametrize("name, heads", [("DeepSeek-V3", 16), ("DeepSeek-V2-Lite", 16)])
