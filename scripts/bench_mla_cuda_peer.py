@@ -157,6 +157,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20, help="calls a graph in the amortised timing")
     args = parser.parse_args()
     try:
+        if min(args.tokens) < 1 or args.calls < 1:
+            raise ValueError(f"--tokens and --calls take positive integers, got {args.tokens} and {args.calls}")
         import torch
 
         if not torch.cuda.is_available():

@@ -50,3 +50,9 @@ def test_refuses_without_a_gpu():
     out = subprocess.run([sys.executable, "-P", str(SCRIPT), "--vllm-source", "."], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == "bench_mla_cuda_peer: needs a CUDA GPU"
+
+
+def test_refuses_a_token_count_below_one():
+    out = subprocess.run([sys.executable, "-P", str(SCRIPT), "--vllm-source", ".", "--tokens", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--tokens" in out.stderr
