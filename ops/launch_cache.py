@@ -25,7 +25,8 @@ import threading
 
 import torch
 
-__all__ = ["MAX_ENTRIES", "MAX_TOKEN_COUNTS", "TOKEN_KEYS", "LaunchCache", "ZeroWidth", "call_key", "clear",
+__all__ = ["MAX_ENTRIES", "MAX_TOKEN_COUNTS", "TOKEN_KEYS", "LaunchCache", "PlannedLaunches", "ZeroWidth", "call_key",
+           "clear",
            "positions_key", "prepared", "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
 
 #: Token counts an entry keeps per-count state for (its plans and grids, its ``[T, 0]`` outputs, the
@@ -80,6 +81,38 @@ class LaunchCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class PlannedLaunches:
+    """What an entry of a Triton op keeps per token count: the plan's grid and bound kernel, each
+    plan bound once (a few plans per entry, one grid per token count, :data:`MAX_TOKEN_COUNTS`
+    of them). The op's class gives ``call.shape``, :meth:`_plan` and :meth:`_bind`."""
+
+    def _init_launches(self) -> None:
+        self._per_tokens: dict[int, tuple] = {}
+        self._bound: dict = {}
+
+    def _plan(self, num_tokens: int):
+        """The launch plan for ``num_tokens`` tokens."""
+        raise NotImplementedError
+
+    def _bind(self, plan, grid: int, sources: tuple, num_tokens: int):
+        """The bound kernel of ``plan`` on the first call's ``sources``."""
+        raise NotImplementedError
+
+    def bound_for(self, num_tokens: int, sources: tuple) -> tuple:
+        """``(grid, bound kernel)`` for ``num_tokens`` (kept per token count; ``sources``: a call's
+        tensors by index, the first call's are bound)."""
+        shape = self.call.shape
+        plan = self._plan(num_tokens)
+        grid = plan.grid(shape, num_tokens)
+        bound = self._bound.get(plan)
+        if bound is None:
+            bound = self._bound[plan] = self._bind(plan, grid, sources, num_tokens)
+        if len(self._per_tokens) >= MAX_TOKEN_COUNTS:
+            self._per_tokens.clear()
+        self._per_tokens[num_tokens] = grid, bound
+        return grid, bound
 
 
 class ZeroWidth:

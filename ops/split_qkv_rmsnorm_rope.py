@@ -899,7 +899,7 @@ INPUTS = ("q_weight", "k_weight", "q_bias", "k_bias", "cos_sin_cache", "position
           "slot_mapping", "k_scale", "v_scale")
 
 
-class Prepared:
+class Prepared(launch_cache.PlannedLaunches):
     """A validated call of the prologue kernel, for every token count: the call object.
 
     Made once per launch-cache key (:func:`.launch_cache.prepared`): the validated :class:`~.validation.Call`,
@@ -935,8 +935,7 @@ class Prepared:
         self.zero_width = launch_cache.ZeroWidth(qkv.dtype, device, 3)
         self._zero_in_api = self.kv_dropped or not self.kv_cols  # the API's k (and v) are [T, 0]
         validation.check_runnable(device, interpreted(split_qkv_rmsnorm_rope_kernel))
-        self._per_tokens: dict[int, tuple] = {}
-        self._bound: dict = {}
+        self._init_launches()
 
     tokens_agree = staticmethod(launch_cache.tokens_agree)
 
@@ -997,19 +996,8 @@ class Prepared:
         if self.inplace:
             self.call.mark_written(qkv)
 
-    def bound_for(self, num_tokens: int, sources: tuple) -> tuple:
-        """``(grid, bound kernel)`` for ``num_tokens`` (kept per token count; ``sources``: a
-        call's tensors by :data:`QKV`... index, the first call's are bound)."""
-        shape = self.call.shape
-        plan = plan_for(self.device, shape, num_tokens)
-        grid = plan.grid(shape, num_tokens)
-        bound = self._bound.get(plan)
-        if bound is None:
-            bound = self._bound[plan] = self._bind(plan, grid, sources, num_tokens)
-        if len(self._per_tokens) >= launch_cache.MAX_TOKEN_COUNTS:
-            self._per_tokens.clear()
-        self._per_tokens[num_tokens] = grid, bound
-        return grid, bound
+    def _plan(self, num_tokens: int):
+        return plan_for(self.device, self.call.shape, num_tokens)
 
     def _bind(self, plan, grid: int, sources: tuple, num_tokens: int) -> BoundKernel:
         """The kernel's arguments for ``plan`` (tensors by source index), bound once. An output

@@ -350,7 +350,7 @@ _Q_CACHE = launch_cache.LaunchCache("mla_q_rope_")
 X, Q_C, KV_C, K_PE, Q_W, KV_W, COS_SIN, POS, NOPE, ROPE, SLOTS, SCALE = range(12)
 
 
-class PreparedMLA:
+class PreparedMLA(launch_cache.PlannedLaunches):
     """A validated call of the MLA kernel (the prologue or the q side) for every token count: the
     launch cache's entry. The plan is picked per token count (:func:`~.tiling.mla_plan_for`: on
     CUDA the prologue's small-batch plan or the large one) and kept with its grid; the kernel is
@@ -370,8 +370,9 @@ class PreparedMLA:
         self.device = x.device
         self.launches = x.device.type != "meta"
         validation.check_runnable(x.device, interpreted(mla_kernel))
-        self._per_tokens: dict[int, tuple] = {}
-        self._bound: dict = {}
+        self._init_launches()
+        #: The kernel's arguments (tensors by source index, scalars) of this entry's launch.
+        self._arguments = PreparedMLA._q_rope_arguments if call.shape.q_rope else PreparedMLA._prologue_arguments
 
     def tokens_agree(self, args: dict) -> bool:
         """Whether positions and slot mapping hold the call's token count (the key leaves it out)."""
@@ -381,24 +382,20 @@ class PreparedMLA:
         return ((positions is None or positions.shape[-1] == tokens)
                 and (slots is None or slots.shape[0] >= tokens))
 
-    def _launch(self, sources: tuple, tokens: int, arguments) -> None:
-        """The kernel on ``sources`` for ``tokens`` tokens; ``arguments(self, sources)`` gives the
-        kernel's ``(tensors by source index, scalars)`` when a plan is bound the first time."""
+    def _plan(self, num_tokens: int):
+        return mla_plan_for(self.device, self.call.shape, num_tokens)
+
+    def _bind(self, plan, grid: int, sources: tuple, num_tokens: int) -> BoundKernel:
+        tensors, scalars = self._arguments(self, sources)
+        return BoundKernel(mla_kernel, tensors, dict(scalars, num_tokens=num_tokens, **constexprs(self.call, plan),
+                                                     **plan.launch_options),
+                           sources, runtime=("num_tokens",), grid=grid)
+
+    def _launch(self, sources: tuple, tokens: int) -> None:
+        """The kernel on ``sources`` for ``tokens`` tokens."""
         launch = self._per_tokens.get(tokens)
         if launch is None:
-            shape = self.call.shape
-            plan = mla_plan_for(self.device, shape, tokens)
-            grid = plan.grid(shape, tokens)
-            bound = self._bound.get(plan)
-            if bound is None:
-                tensors, scalars = arguments(self, sources)
-                bound = self._bound[plan] = BoundKernel(
-                    mla_kernel, tensors, dict(scalars, num_tokens=tokens, **constexprs(self.call, plan),
-                                              **plan.launch_options),
-                    sources, runtime=("num_tokens",), grid=grid)
-            if len(self._per_tokens) >= launch_cache.MAX_TOKEN_COUNTS:
-                self._per_tokens.clear()
-            launch = self._per_tokens[tokens] = grid, bound
+            launch = self.bound_for(tokens, sources)
         grid, bound = launch
         bound(grid, sources, (tokens,))
 
@@ -422,7 +419,7 @@ class PreparedMLA:
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
         sources = (x, q_c, kv_c, k_pe, args["q_a_weight"], args["kv_a_weight"], cos_sin, positions, nope_cache,
                    rope_cache, args["slot_mapping"], args["k_scale"])
-        self._launch(sources, tokens, PreparedMLA._prologue_arguments)
+        self._launch(sources, tokens)
         return q_c, kv_c, k_pe
 
     def run_q_rope(self, args: dict):
@@ -433,7 +430,7 @@ class PreparedMLA:
             return q
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
         sources = (q, None, None, None, None, None, cos_sin, positions, None, None, None, None)
-        self._launch(sources, tokens, PreparedMLA._q_rope_arguments)
+        self._launch(sources, tokens)
         return q
 
     def _prologue_arguments(self, sources: tuple) -> tuple[dict, dict]:
