@@ -56,7 +56,9 @@ one contiguous block split in registers (``[.., R/2, 2]``). Every tile is ``[BLO
 are ``BLOCK_T`` tokens x ``BLOCK_H`` heads of the rotary lanes. Programs walk the tiles grid-stride
 and the token count is a run-time argument: one compiled kernel per layer geometry serves every
 batch size. The cos/sin rows are gathered as one 2-D load addressed by positions loaded as a
-vector (no scalar read back from a tile in flight). Tile sizes, chunks and grid come from
+vector (no scalar read back from a tile in flight). A tile's loads that wait on nothing (its rows,
+the positions) come first in the code, then the cos/sin rows, then the math and the stores: a
+warp issues in order, and at one token a tile the chain of trips to memory is the time. Tile sizes, chunks and grid come from
 ``ops/tiling`` (:func:`~.tiling.mla_plan_for`). With ``PDL`` (a CUDA plan's choice, as the GQA
 kernel's) each program waits for the grid before it and lets the next one launch
 (:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch overlaps the end of the
@@ -145,22 +147,40 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
 
 
 @triton.jit
-def _rope_block(src, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, chunk_stride, HALF: tl.constexpr,
+def _rope_load(src, row_ok, HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr):
+    """The rotary lanes of a ``[BLOCK_T, BLOCK_H]`` block of rows as loaded (``src`` points at each
+    row's rotary lane 0, ``[BLOCK_T, BLOCK_H, 1]``): NeoX's two halves, ``[.., HALF_PAD]`` each, or
+    GPT-J's pairs as one contiguous block ``[.., 2 * HALF_PAD]`` (returned twice). Loaded apart from
+    :func:`_rope_block`'s math so that a caller issues it before any load that waits on another."""
+    if IS_NEOX:
+        i = tl.arange(0, HALF_PAD)
+        i_ok = (i < HALF)[None, None, :]
+        a = tl.load(src + i[None, None, :], mask=row_ok & i_ok, other=0.0)
+        b = tl.load(src + (i + HALF)[None, None, :], mask=row_ok & i_ok, other=0.0)
+    else:
+        r = tl.arange(0, 2 * HALF_PAD)
+        a = tl.load(src + r[None, None, :], mask=row_ok & (r < 2 * HALF)[None, None, :], other=0.0)
+        b = a
+    return a, b
+
+
+@triton.jit
+def _rope_block(a, b, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, chunk_stride, HALF: tl.constexpr,
                 HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr, KV: tl.constexpr, KV_CHUNK: tl.constexpr,
                 KV_QUANT: tl.constexpr):
-    """Rotate the ``2*HALF`` rotary lanes of a ``[BLOCK_T, BLOCK_H]`` block of rows: ``src``,
-    ``dst`` (may be ``src``: in place) and ``kv_base`` point at each row's rotary lane 0
-    (``[BLOCK_T, BLOCK_H, 1]``), ``cos``/``sin`` are ``[BLOCK_T, 1, HALF_PAD]`` fp32. NeoX's halves are
-    two contiguous blocks; GPT-J's pairs one contiguous block viewed as ``[.., HALF_PAD, 2]`` and
-    split in registers. Every load comes before the first store (in place is safe). With ``KV`` each
-    value is also stored into the cache, as :func:`_norm_row` stores."""
-    i = tl.arange(0, HALF_PAD)
-    i_ok = (i < HALF)[None, None, :]
+    """Rotate and store the rotary lanes :func:`_rope_load` gave (``a``, ``b``) of a ``[BLOCK_T,
+    BLOCK_H]`` block of rows: ``dst`` (may be the source: in place, every load came first) and
+    ``kv_base`` point at each row's rotary lane 0 (``[BLOCK_T, BLOCK_H, 1]``), ``cos``/``sin`` are
+    ``[BLOCK_T, 1, HALF_PAD]`` fp32. GPT-J's block is viewed as ``[.., HALF_PAD, 2]`` and its pairs
+    split in registers. With ``KV`` each value is also stored into the cache, as :func:`_norm_row`
+    stores."""
     heads = tl.arange(0, 1)
     heads_ok = heads < 1
     if IS_NEOX:
-        a = tl.load(src + i[None, None, :], mask=row_ok & i_ok, other=0.0).to(tl.float32)
-        b = tl.load(src + (i + HALF)[None, None, :], mask=row_ok & i_ok, other=0.0).to(tl.float32)
+        i = tl.arange(0, HALF_PAD)
+        i_ok = (i < HALF)[None, None, :]
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
         ya = a * cos - b * sin
         yb = b * cos + a * sin
         if KV:
@@ -173,8 +193,7 @@ def _rope_block(src, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, c
     else:
         r = tl.arange(0, 2 * HALF_PAD)
         r_ok = (r < 2 * HALF)[None, None, :]
-        x = tl.load(src + r[None, None, :], mask=row_ok & r_ok, other=0.0).to(tl.float32)
-        x = tl.reshape(x, (x.shape[0], x.shape[1], HALF_PAD, 2))
+        x = tl.reshape(a.to(tl.float32), (a.shape[0], a.shape[1], HALF_PAD, 2))
         second = (tl.arange(0, 2) == 1)[None, None, None, :]
         a = tl.sum(tl.where(second, 0.0, x), axis=3)
         b = tl.sum(tl.where(second, x, 0.0), axis=3)
@@ -187,12 +206,11 @@ def _rope_block(src, dst, kv_base, kv_ptr, row_ok, kv_ok, cos, sin, scale_ptr, c
 
 
 @triton.jit
-def _cos_sin(cache_ptr, pos_ptr, tok64, tok_ok, max_position, cache_stride, HALF: tl.constexpr,
-             HALF_PAD: tl.constexpr):
-    """The tokens' cos and sin rows (positions loaded as a vector and clamped into the cache),
-    ``[BLOCK_T, 1, HALF_PAD]`` fp32 each."""
-    rows = cache_row(tl.load(pos_ptr + tok64, mask=tok_ok, other=0), max_position, cache_stride)
+def _cos_sin(cache_ptr, pos, tok_ok, max_position, cache_stride, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The cos and sin rows of the tokens' positions ``pos`` (``[BLOCK_T]``, loaded as a vector,
+    clamped into the cache here), ``[BLOCK_T, 1, HALF_PAD]`` fp32 each."""
     i = tl.arange(0, HALF_PAD)
+    rows = cache_row(pos, max_position, cache_stride)
     cos, sin = cos_sin_rows(cache_ptr, rows, i, tok_ok[:, None] & (i < HALF)[None, :], HALF)
     return cos[:, None, :], sin[:, None, :]
 
@@ -206,12 +224,20 @@ def _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_
             KV_CHUNKS: tl.constexpr, KV_CACHE: tl.constexpr, NOPE_NZ: tl.constexpr, ROPE_NZ: tl.constexpr,
             NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr):
     """A token block's kv arm: kv_c's norm, k_pe's rotation, and with ``KV_CACHE`` both stored
-    into the cache rows of the tokens' slots (loaded once; negative: padding, nothing stored)."""
+    into the cache rows of the tokens' slots (loaded once; negative: padding, nothing stored).
+    k_pe's lanes, the positions and the cos/sin rows are loaded before the norm: a warp issues in
+    order, so a load placed after the norm's reduction (which waits for kv_c's row) would leave
+    only when the row is in, and the longest chain would be three trips to memory (the row, the
+    positions, the cos/sin rows) instead of two (SASS of the small-batch plan)."""
     row_ok = tok_ok[:, None, None]
     if KV_CACHE:
         slot = tl.load(slot_ptr + tok64, mask=tok_ok, other=-1)
     else:
         slot = tok64
+    if ROPE > 0:
+        pe_a, pe_b = _rope_load(x_row + Q_LORA + KV_LORA, row_ok, HALF, HALF_PAD, IS_NEOX)
+        pos = tl.load(pos_ptr + tok64, mask=tok_ok, other=0)
+        cos, sin = _cos_sin(cache_ptr, pos, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
     nope_rows, kv_tok_ok = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, nope_block_stride, nope_slot_stride,
                                     0, KV_CACHE, True)
     kv_ok = kv_tok_ok[:, None, None]
@@ -221,8 +247,7 @@ def _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_
     if ROPE > 0:
         rope_rows, _ = kv_cache_rows(slot_ptr, slot, tok64, tok_ok, block_size, rope_block_stride, rope_slot_stride,
                                 rope_offset, KV_CACHE, True)
-        cos, sin = _cos_sin(cache_ptr, pos_ptr, tok64, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
-        _rope_block(x_row + Q_LORA + KV_LORA, k_pe_ptr + (tok64 * k_pe_stride)[:, None, None],
+        _rope_block(pe_a, pe_b, k_pe_ptr + (tok64 * k_pe_stride)[:, None, None],
                     rope_cache_ptr + rope_rows[:, None, None], rope_cache_ptr, row_ok, kv_ok, cos, sin, scale_ptr,
                     rope_chunk_stride, HALF, HALF_PAD, IS_NEOX, KV_CACHE, ROPE_NZ, ROPE_QUANT)
 
@@ -259,8 +284,10 @@ def mla_kernel(
             head = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
             rows_ok = tok_ok[:, None, None] & (head < NUM_HEADS)[None, :, None]
             src = x_row + (head.to(tl.int64) * x_head_stride)[None, :, None] + rope_col
-            cos, sin = _cos_sin(cache_ptr, pos_ptr, tok64, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
-            _rope_block(src, src, src, x_ptr, rows_ok, rows_ok, cos, sin, scale_ptr, 0, HALF, HALF_PAD, IS_NEOX,
+            a, b = _rope_load(src, rows_ok, HALF, HALF_PAD, IS_NEOX)  # before the positions' wait
+            pos = tl.load(pos_ptr + tok64, mask=tok_ok, other=0)
+            cos, sin = _cos_sin(cache_ptr, pos, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
+            _rope_block(a, b, src, src, x_ptr, rows_ok, rows_ok, cos, sin, scale_ptr, 0, HALF, HALF_PAD, IS_NEOX,
                         False, 0, 0)
         elif Q_LORA > 0:
             if head_block == 0:
