@@ -24,11 +24,20 @@ a captured graph, and ``--calls`` calls in one graph, per call):
 Each provider's cache after one call is checked against the float64 reference (``err``: largest
 difference over the rows' scale; vLLM rotates in bf16). The bar (issue 30): ours <= 0.8 x the peer
 at T <= 64, both timings. Needs a CUDA GPU, nvcc and a C++ compiler.
+
+``--baseline DIR`` also times another checkout's ``ops/`` folder (``git worktree add DIR/.. REV``, or
+``git archive REV ops | tar -x -C ...``), imported under its own name in the same process, as
+``base``, each row's providers interleaved: an A/B of a kernel change at small T, where timings
+spread between processes by as much as the change. ``--floor`` first times what any two launches
+of this op pay at one call a graph (:func:`floor_launches`): two empty kernels, and two kernels
+that each do the q side's least work for one token (load a position, then that position's
+cos/sin row, store it), the second launched dependent on the first as ours is.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import sys
 import tempfile
@@ -149,12 +158,64 @@ def build(cuda_file: Path, folder: Path):
     return module
 
 
+def load_ops(folder: str):
+    """The ops package in ``folder`` (another checkout's ``ops/``) imported as ``baseline_ops``
+    (its imports are relative, so it shares nothing with ``vllm_ascend_ext.ops``); ``ValueError``
+    naming ``--baseline`` when ``folder`` holds no ops package."""
+    init = Path(folder) / "__init__.py"
+    if not (init.is_file() and (Path(folder) / "split_qkv_rmsnorm_rope_mla.py").is_file()):
+        raise ValueError(f"--baseline {folder!r} is not an ops/ folder")
+    spec = importlib.util.spec_from_file_location("baseline_ops", init, submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def floor_launches(timer, device) -> dict:
+    """One-call-a-graph microseconds of two launches doing the least this op's launches do:
+    ``empty`` (two kernels that return) and ``chain`` (two kernels that each load one position,
+    then its cos/sin row, and store the row: the q side's dependent loads for one token, the
+    prologue's too), each pair's second kernel launched dependent on the first as ours is
+    (programmatic dependent launch where the GPU has it, ``grid_dependency`` in both)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from vllm_ascend_ext.ops.split_qkv_rmsnorm_rope import grid_dependency
+
+    @triton.jit
+    def least(pos_ptr, cache_ptr, out_ptr, R: tl.constexpr, WORK: tl.constexpr, PDL: tl.constexpr):
+        # WORK: one position, its cos/sin row, stored; else nothing.
+        if PDL:
+            grid_dependency()
+        if WORK:
+            lanes = tl.arange(0, R)
+            row = tl.load(pos_ptr).to(tl.int64)
+            tl.store(out_ptr + lanes, tl.load(cache_ptr + row * R + lanes))
+
+    pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    options = {"launch_pdl": True} if pdl else {}
+    positions = torch.zeros(1, dtype=torch.int64, device=device)
+    cos_sin, out = torch.rand(4096, 64, device=device), torch.empty(64, device=device)
+
+    def two(work: bool):
+        def run():
+            for _ in range(2):
+                least[(1,)](positions, cos_sin, out, R=64, WORK=work, PDL=pdl, **options)
+        return run
+
+    return {"empty": timer(two(False)), "chain": timer(two(True))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-source", required=True, metavar="DIR",
                         help=f"a vLLM checkout holding {CUDA_FILE} and vllm/models/common/ops/fused_qk_rmsnorm.py")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 4096])
     parser.add_argument("--calls", type=int, default=20, help="calls a graph in the amortised timing")
+    parser.add_argument("--baseline", metavar="DIR", help="also time the ops/ folder DIR (another checkout's) as base")
+    parser.add_argument("--floor", action="store_true", help="first time two empty and two least-work launches")
     args = parser.parse_args()
     try:
         if min(args.tokens) < 1 or args.calls < 1:
@@ -167,26 +228,34 @@ def main() -> int:
         from vllm_ascend_ext.bench import mla
 
         kernel, _ = mla.load_vllm_kernel(str(Path(args.vllm_source)))
+        base = load_ops(args.baseline) if args.baseline else None
     except ValueError as exc:
         print(f"bench_mla_cuda_peer: {exc}", file=sys.stderr)
         return 2
     from vllm_ascend_ext.bench.cases import make_mla_case
     from vllm_ascend_ext.bench.catalog import MLA_GEOMETRIES
-    from vllm_ascend_ext.bench.timing import Timer
-    from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
+    from vllm_ascend_ext import ops as ours_ops
+    from vllm_ascend_ext.bench.timing import TIMINGS_PER_ROW, Timer
     from vllm_ascend_ext.ops.models import mla_model
     from vllm_ascend_ext.ops.reference import mla_cache_write
     from vllm_ascend_ext.ops.reference import split_qkv_rmsnorm_rope_mla as reference
 
     device = torch.device("cuda")
     timer = Timer(device, 50)
+    if args.floor:
+        floor = floor_launches(timer, device)
+        print(f"floor, one call a graph: two empty launches {floor['empty']:.2f} us, two position -> cos/sin row -> "
+              f"store launches {floor['chain']:.2f} us", flush=True)
     with tempfile.TemporaryDirectory(prefix="vllm-mla-peer-") as folder:
         ext = build(cuda_file, Path(folder))
         print(f"{torch.cuda.get_device_name()}; ours = prologue + q side (two launches); vllm_cuda = vLLM's Triton "
-              f"fused_q_kv_rmsnorm + vLLM's CUDA concat_and_cache_mla_rope_fused ({cuda_file}); us per call")
+              f"fused_q_kv_rmsnorm + vLLM's CUDA concat_and_cache_mla_rope_fused ({cuda_file}); us per call, "
+              f"the better of {TIMINGS_PER_ROW} interleaved timings"
+              + (f"; base = the ops of {args.baseline}" if base else ""))
         amortised = f"x{args.calls}"
+        base_head = f" {'base':>8} {'base ' + amortised:>9} {'err base':>8}" if base else ""
         print(f"{'model':16} {'tp':>2} {'T':>6} {'ours':>8} {'vllm_cuda':>9} {'ratio':>6} {'ours ' + amortised:>9} "
-              f"{'vllm ' + amortised:>9} {'ratio':>6} {'err ours':>8} {'err vllm':>8}")
+              f"{'vllm ' + amortised:>9} {'ratio':>6} {'err ours':>8} {'err vllm':>8}{base_head}")
         for (name, tp), tokens in itertools.product(MLA_GEOMETRIES, args.tokens):
             spec = mla_model(name)
             case = make_mla_case(spec, spec.heads_at(tp), tokens, device, seed=tokens)
@@ -200,9 +269,11 @@ def main() -> int:
             cos_sin, positions = a["cos_sin_cache"].to(torch.bfloat16), a["positions"].long()
             slots64, one = slots.long(), torch.ones(1, dtype=torch.float32, device=device)
 
-            def ours():
-                split_qkv_rmsnorm_rope_mla(**a, kv_cache=cache, slot_mapping=slots)
-                mla_q_rope_(q, a["cos_sin_cache"], a["positions"], rope, is_neox=a["is_neox"])
+            def prologue(ops):
+                def run():
+                    ops.split_qkv_rmsnorm_rope_mla(**a, kv_cache=cache, slot_mapping=slots)
+                    ops.mla_q_rope_(q, a["cos_sin_cache"], a["positions"], rope, is_neox=a["is_neox"])
+                return run
 
             def vllm_cuda():
                 q_c = x_peer[:, :lq] if lq else None
@@ -212,17 +283,22 @@ def main() -> int:
                                                     x_peer[:, lq + lkv:].unsqueeze(1), kv_c, cos_sin,
                                                     a["is_neox"], slots64, cache, "auto", one)
 
-            row, errors = [], []
-            for fn, source in ((ours, None), (vllm_cuda, a["qkv_lora"])):
+            providers = [(prologue(ours_ops), None), (vllm_cuda, a["qkv_lora"])]
+            providers += [(prologue(base), None)] if base else []
+            errors = []
+            for fn, source in providers:
                 cache.copy_(cache0)
                 if source is not None:
                     x_peer.copy_(source)
                 fn()
                 errors.append((cache.cpu().double() - expected).abs().max().item() / scale_rows)
-                row.append((timer(fn), timer(fn, args.calls)))
-            (o1, o20), (v1, v20) = row
+            times = [[float("inf")] * 2 for _ in providers]
+            for _, (i, (fn, _)) in itertools.product(range(TIMINGS_PER_ROW), enumerate(providers)):
+                times[i] = [min(times[i][0], timer(fn)), min(times[i][1], timer(fn, args.calls))]
+            (o1, o20), (v1, v20) = times[:2]
+            base_cells = f" {times[2][0]:8.2f} {times[2][1]:9.2f} {errors[2]:8.1e}" if base else ""
             print(f"{name:16} {tp:2d} {tokens:6d} {o1:8.2f} {v1:9.2f} {o1 / v1:6.2f} {o20:9.2f} {v20:9.2f} "
-                  f"{o20 / v20:6.2f} {errors[0]:8.1e} {errors[1]:8.1e}", flush=True)
+                  f"{o20 / v20:6.2f} {errors[0]:8.1e} {errors[1]:8.1e}{base_cells}", flush=True)
     return 0
 
 

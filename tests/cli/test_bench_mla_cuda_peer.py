@@ -56,3 +56,17 @@ def test_refuses_a_token_count_below_one():
     out = subprocess.run([sys.executable, "-P", str(SCRIPT), "--vllm-source", ".", "--tokens", "0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--tokens" in out.stderr
+
+
+def test_baseline_is_another_ops_folder_imported_apart(peer, tmp_path):
+    import shutil
+
+    import vllm_ascend_ext.ops as ours
+
+    copy = tmp_path / "ops"
+    shutil.copytree(ours.__path__[0], copy, ignore=shutil.ignore_patterns("__pycache__"))
+    base = peer.load_ops(str(copy))
+    assert base.__name__ == "baseline_ops" and base.split_qkv_rmsnorm_rope_mla is not ours.split_qkv_rmsnorm_rope_mla
+    assert base.mla_q_rope_.__module__.startswith("baseline_ops.")
+    with pytest.raises(ValueError, match="--baseline"):
+        peer.load_ops(str(tmp_path))
