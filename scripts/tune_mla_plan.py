@@ -9,12 +9,14 @@ bytes of that launch, and prints the current plan (``ops/tiling/cuda.py``'s
 back the MLA constants of ``ops/tiling/cuda.py``; their outcome is one line in
 ``docs/performance.md``. ``--json`` keeps every measurement.
 
-``--floor`` times, instead of the sweep, each launch under the current plan against two copies of
-its bytes: the plain contiguous copy (what the benchmark's ``copy`` column is) and a copy with the
-launch's own access pattern and no math (:func:`pattern_copies`: the q side reads and writes back
-``q[..., nope:]`` in place, ``R`` of every ``nope + R`` lanes; the prologue reads ``qkv_lora``'s rows
-and writes ``q_c``, ``kv_c``, ``k_pe`` and the cache row at the token's slot). Where the pattern copy
-is itself slower than the contiguous one, that gap is the access pattern's, not the math's.
+``--floor`` times, instead of the sweep, both launches' bytes as one copy (the benchmark's ``copy``
+column) and as two copies in one graph, one a launch (what two launches pay in ramps and tails
+that one does not); then each launch under the current plan against two copies of its bytes: the
+plain contiguous copy and a copy with the launch's own access pattern and no math
+(:func:`pattern_copies`: the q side reads and writes back ``q[..., nope:]`` in place, ``R`` of every
+``nope + R`` lanes; the prologue reads ``qkv_lora``'s rows and writes ``q_c``, ``kv_c``, ``k_pe`` and
+the cache row at the token's slot). Where the pattern copy is itself slower than the contiguous
+one, that gap is the access pattern's, not the math's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from vllm_ascend_ext.bench.cases import make_mla_case
-from vllm_ascend_ext.bench.timing import Timer, copy_replay
+from vllm_ascend_ext.bench.timing import Timer, copy_calls, copy_replay
 from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation_mla
 from vllm_ascend_ext.ops.device import cuda_facts
 from vllm_ascend_ext.ops.models import mla_model
@@ -125,6 +127,14 @@ def pattern_copies(case: dict, q_block_rows: int = 16, block_tokens: int = 2, ch
     return prologue, q_side
 
 
+def two_copies(device, timer, nbytes: tuple[int, int]) -> float:
+    """Microseconds of two plain copies in one graph, one of each launch's bytes (the benchmark's
+    copy kernel, the faster configuration): what two launches moving the op's bytes reach, against
+    the one copy of all of them that the benchmark's ``copy`` column is (``--floor``)."""
+    first, second = copy_calls(device, nbytes[0]), copy_calls(device, nbytes[1])
+    return min(timer(lambda a=a, b=b: (a(), b())) for a, b in zip(first, second))
+
+
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
@@ -176,6 +186,10 @@ def main() -> int:
              lambda: mla_q_rope_(case["q"], a["cos_sin_cache"], a["positions"], a["rope_dim"], is_neox=a["is_neox"])),
         )
         if args.floor:
+            one, two = copy_replay(device, timer, sum(nbytes)), two_copies(device, timer, nbytes)
+            print(f"{name} tp{tp} T={tokens} both launches' bytes: one copy {one:.2f} us, two copies (one a "
+                  f"launch's bytes) in one graph {two:.2f} ({two / one:.2f}x)", flush=True)
+            records.append(dict(model=name, tp=tp, tokens=tokens, launch="both", copy_us=one, two_copies_us=two))
             patterns = pattern_copies(case)
             for (launch, shape, size, fn), pattern in zip(launches, patterns):
                 copy, floor, ours = copy_replay(device, timer, size), timer(pattern), timer(fn)

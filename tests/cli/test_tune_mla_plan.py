@@ -69,6 +69,22 @@ def test_pattern_copies_move_each_launchs_bytes(tune, name):
     assert torch.equal(rows[untouched], cache_before.view(-1, lkv + spec.rope_dim)[untouched])
 
 
+def test_two_copies_time_one_copy_a_launch_in_one_timing(tune, monkeypatch):
+    """``--floor``'s two-launch copy: each timing runs a copy of the prologue's bytes then one of the
+    q side's (the same copy configuration), and the faster configuration counts."""
+    ran = []
+    monkeypatch.setattr(tune, "copy_calls", lambda device, nbytes: [lambda c=c: ran.append((nbytes, c))
+                                                                     for c in range(2)])
+    times = iter([5.0, 3.0])
+
+    def timer(fn):
+        fn()
+        return next(times)
+
+    assert tune.two_copies(torch.device("cpu"), timer, (100, 40)) == 3.0
+    assert ran == [(100, 0), (40, 0), (100, 1), (40, 1)]
+
+
 def test_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the script would run the sweep")
