@@ -505,11 +505,13 @@ MLA_DEPENDENT_LAUNCH = True
 #: 8-byte pieces: ``cuda_compile``'s 16-byte rule).
 MLA_SMALL_WARPS = 2
 MLA_SMALL_MAX_ROW = 2048
-#: The small plan serves while the large plan would have at most this many tiles an SM (T <= 264
-#: on 132 SMs): not measured for MLA between T = 64 (small plan 1.04-1.26x faster) and 4096; the
-#: GQA family's crossover (:data:`SMALL_BATCH_TILES_PER_SM`: small won at <= 1.09 large tiles an
-#: SM, lost at >= 1.45), taken at its lower, measured side.
-MLA_SMALL_TILES_PER_SM = 1.0
+#: The small plan serves up to this many tokens an SM (T <= 1056 on 132 SMs). H100, 2026-12-06
+#: (``tune_mla_plan.py --tokens 128 .. 2048 --block-tokens 1 4``, ``tune_mla_plan_mid.txt``), the
+#: prologue alone, small -> large plan: T = 512 DeepSeek-V3 / Kimi-K2 TP 8 / V2-Lite 7.55 / 7.68 /
+#: 6.43 -> 8.96 / 9.09 / 6.82 us, T = 1024 9.15 / 9.22 / 7.01 -> 9.95 / 10.05 / 7.17, T = 2048
+#: 13.09 / 12.83 / 8.35 -> 12.83 / 12.83 / 8.16: the small plan wins to T = 1024 (7.8 tokens an
+#: SM) on every row and not at 2048 (15.5); between them it is not measured.
+MLA_SMALL_TOKENS_PER_SM = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -553,9 +555,8 @@ def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
 
 
 def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> MLAPlan:
-    """:func:`mla_small_plan` while :func:`mla_plan` would have at most
-    :data:`MLA_SMALL_TILES_PER_SM` tiles an SM for ``num_tokens`` tokens (up to
-    :func:`mla_small_max_tokens`), else :func:`mla_plan`: two compiled kernels per MLA geometry at
+    """:func:`mla_small_plan` up to :data:`MLA_SMALL_TOKENS_PER_SM` tokens an SM
+    (:func:`mla_small_max_tokens`), else :func:`mla_plan`: two compiled kernels per MLA geometry at
     most, whatever the batch sizes."""
     if num_tokens <= mla_small_max_tokens(shape, facts):
         return mla_small_plan(shape, facts)
@@ -565,7 +566,4 @@ def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> M
 @functools.lru_cache(maxsize=None)
 def mla_small_max_tokens(shape: MLAShape, facts: CudaFacts) -> int:
     """The most tokens :func:`mla_plan_for_tokens` gives the small-batch plan (0 for the q side)."""
-    if shape.q_rope:
-        return 0
-    large = mla_plan(shape, facts)
-    return int(MLA_SMALL_TILES_PER_SM * facts.num_sms) // large.head_blocks(shape) * large.block_tokens
+    return 0 if shape.q_rope else MLA_SMALL_TOKENS_PER_SM * facts.num_sms

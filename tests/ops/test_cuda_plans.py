@@ -214,7 +214,7 @@ def test_cuda_mla_dependent_launch(shape):
 ])
 def test_cuda_mla_small_batch_plan(shape):
     """The prologue's small-batch plan (one token a tile, latent rows held whole, MLA_SMALL_WARPS)
-    serves exactly while the large plan would have at most MLA_SMALL_TILES_PER_SM tiles an SM;
+    serves exactly up to MLA_SMALL_TOKENS_PER_SM tokens an SM;
     the q side keeps its one plan; Ascend has one plan for every batch size."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
     large, small = cuda.mla_plan(shape, facts), cuda.mla_small_plan(shape, facts)
@@ -226,8 +226,7 @@ def test_cuda_mla_small_batch_plan(shape):
     for rank, chunk, small_chunk in ((shape.q_lora_rank, large.q_chunk, small.q_chunk),
                                      (shape.kv_lora_rank, large.kv_chunk, small.kv_chunk)):
         assert small_chunk == (next_pow2(rank) if rank else chunk) and small_chunk >= rank
-    limit = cuda.MLA_SMALL_TILES_PER_SM * facts.num_sms
-    last = max(t for t in range(1, 4096) if large.num_tiles(shape, t) <= limit)
+    last = cuda.MLA_SMALL_TOKENS_PER_SM * 132
     assert cuda.mla_plan_for_tokens(shape, facts, 1) == small
     assert cuda.mla_plan_for_tokens(shape, facts, last) == small
     assert cuda.mla_plan_for_tokens(shape, facts, last + 1) == large
