@@ -50,8 +50,14 @@ LAYOUTS = ("nhd", "hnd", "nz", "cpu_vec")
 #: Largest magnitude of each quantised cache dtype (int8 also holds -128).
 QMAX = {INT8: 127.0, FP8: 448.0}
 #: The fp32 kernel and the float64 reference may round a quantised value apart only this close
-#: to a tie, in steps of the grid (int8's step is 1).
+#: to a tie, in steps of the grid (int8's step is 1), or within FP32_ULPS ulps of fp32 at the
+#: magnitude of its head's largest value: the norm and the rotation compute with terms that large,
+#: so a value far smaller than them (a rotation that cancels) carries their absolute error. The
+#: scales are 0.01-0.06, so a head's largest is up to a few hundred scale units, where one fp32 ulp
+#: is up to 2.7e-5: 14 times the step window at 0.028 (H100, 2026-12-06: one fp8 key at 0.028 a
+#: step off, in 16387 tokens x 8 heads x 128).
 TIE_WINDOW = 1e-3
+FP32_ULPS = 16
 #: Integer dtypes of each element size, to compare caches bit for bit.
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
@@ -186,12 +192,16 @@ def fp8_step(a: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(a), exponent - 4)
 
 
-def near_tie(ratio: torch.Tensor, dtype) -> torch.Tensor:
-    """Where the float64 ``y / scale`` lies within :data:`TIE_WINDOW` grid steps of a rounding tie
-    of ``dtype`` (int8: a .5; fp8 e4m3: the middle of two neighbours of its binade)."""
+def near_tie(ratio: torch.Tensor, dtype, magnitude: torch.Tensor) -> torch.Tensor:
+    """Where the float64 ``y / scale`` lies near a rounding tie of ``dtype`` (int8: a .5; fp8 e4m3:
+    the middle of two neighbours of its binade): within :data:`TIE_WINDOW` grid steps, or within
+    :data:`FP32_ULPS` fp32 ulps of ``magnitude`` (each value's head's largest ``|y|`` over the
+    scale, the size of the fp32 terms that made it)."""
     a = ratio.abs().clamp(max=QMAX[dtype])
-    units = a if dtype == INT8 else a / fp8_step(a)
-    return (units - units.floor() - 0.5).abs() < TIE_WINDOW
+    step = torch.ones_like(a) if dtype == INT8 else fp8_step(a)
+    units = a / step
+    distance = (units - units.floor() - 0.5).abs() * step
+    return distance < torch.maximum(TIE_WINDOW * step, FP32_ULPS * 2.0**-24 * magnitude)
 
 
 def check_cache_values(dtype, got: torch.Tensor, want: torch.Tensor, tie: torch.Tensor | None, exact: bool,
@@ -258,8 +268,13 @@ def check_caches(caches: Caches, before: torch.Tensor, k64: torch.Tensor, v64: t
 
     ties = [None, None]
     if caches.dtype in QMAX:
-        flags = [near_tie(y / scale.double().reshape(-1).expand(y.shape[1]), caches.dtype).double()
-                 for y, scale in ((k64, kw["k_scale"]), (v64, kw["v_scale"]))]
+        def flags_of(y, scale):
+            scale = scale.double().reshape(-1).expand(y.shape[1])
+            heads = y.abs().reshape(y.shape[0], caches.num_kv_heads, caches.head_dim)
+            largest = heads.amax(dim=-1, keepdim=True).expand(heads.shape).reshape(y.shape)
+            return near_tie(y / scale, caches.dtype, largest / scale).double()
+
+        flags = [flags_of(y, scale) for y, scale in ((k64, kw["k_scale"]), (v64, kw["v_scale"]))]
         where = scatter(caches, *flags)
         ties = [where[i][masks[i]] != 0 for i in (0, 1)]
     for i, (name, cache) in enumerate((("key_cache", caches_now[0]), ("value_cache", caches_now[1]))):
