@@ -58,11 +58,11 @@ and the token count is a run-time argument: one compiled kernel per layer geomet
 batch size. The cos/sin rows are gathered as one 2-D load addressed by positions loaded as a
 vector (no scalar read back from a tile in flight). A tile's loads that wait on nothing (its rows,
 the positions) come first in the code, then the cos/sin rows, then the math and the stores: a
-warp issues in order, and at one token a tile the chain of trips to memory is the time. Tile sizes, chunks and grid come from
-``ops/tiling`` (:func:`~.tiling.mla_plan_for`). With ``PDL`` (a CUDA plan's choice, as the GQA
-kernel's) each program waits for the grid before it and lets the next one launch
-(:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch overlaps the end of the
-kernel before it.
+warp issues in order, and at one token a tile the chain of trips to memory is the time. Tile
+sizes, chunks and grid come from ``ops/tiling`` (:func:`~.tiling.mla_plan_for`). With ``PDL`` (a
+CUDA plan's choice, as the GQA kernel's) each program waits for the grid before it and lets the
+next one launch (:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch
+overlaps the end of the kernel before it.
 
 Not served
 ----------
