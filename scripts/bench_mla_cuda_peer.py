@@ -25,9 +25,9 @@ Each provider's cache after one call is checked against the float64 reference (`
 difference over the rows' scale; vLLM rotates in bf16). The bar (issue 30): ours <= 0.8 x the peer
 at T <= 64, both timings. Needs a CUDA GPU, nvcc and a C++ compiler.
 
-``--baseline DIR`` also times another checkout's ``ops/`` folder (``git worktree add DIR/.. REV``, or
-``git archive REV ops | tar -x -C ...``), imported under its own name in the same process, as
-``base``, each row's providers interleaved: an A/B of a kernel change at small T, where timings
+``--baseline DIR`` also times another revision's ``ops/`` folder (a worktree's, or ``git archive REV
+ops | tar -x -C PARENT`` for ``DIR = PARENT/ops``), imported under its own name in the same process,
+as ``base``, each row's providers interleaved: an A/B of a kernel change at small T, where timings
 spread between processes by as much as the change. ``--floor`` first times what any two launches
 of this op pay at one call a graph (:func:`floor_launches`): two empty kernels, and two kernels
 that each do the q side's least work for one token (load a position, then that position's
@@ -269,7 +269,7 @@ def main() -> int:
             cos_sin, positions = a["cos_sin_cache"].to(torch.bfloat16), a["positions"].long()
             slots64, one = slots.long(), torch.ones(1, dtype=torch.float32, device=device)
 
-            def prologue(ops):
+            def both_launches(ops):
                 def run():
                     ops.split_qkv_rmsnorm_rope_mla(**a, kv_cache=cache, slot_mapping=slots)
                     ops.mla_q_rope_(q, a["cos_sin_cache"], a["positions"], rope, is_neox=a["is_neox"])
@@ -283,8 +283,8 @@ def main() -> int:
                                                     x_peer[:, lq + lkv:].unsqueeze(1), kv_c, cos_sin,
                                                     a["is_neox"], slots64, cache, "auto", one)
 
-            providers = [(prologue(ours_ops), None), (vllm_cuda, a["qkv_lora"])]
-            providers += [(prologue(base), None)] if base else []
+            providers = [(both_launches(ours_ops), None), (vllm_cuda, a["qkv_lora"])]
+            providers += [(both_launches(base), None)] if base else []
             errors = []
             for fn, source in providers:
                 cache.copy_(cache0)
