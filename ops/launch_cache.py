@@ -26,8 +26,7 @@ import threading
 import torch
 
 __all__ = ["MAX_ENTRIES", "MAX_TOKEN_COUNTS", "TOKEN_KEYS", "LaunchCache", "PlannedLaunches", "ZeroWidth", "call_key",
-           "clear",
-           "positions_key", "prepared", "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
+           "clear", "positions_key", "prepared", "rows_key", "slots_key", "stats", "tensor_key", "tokens_agree"]
 
 #: Token counts an entry keeps per-count state for (its plans and grids, its ``[T, 0]`` outputs, the
 #: AscendC tilings): a bound on each per-count dict, which starts over past it.

@@ -563,7 +563,6 @@ def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> M
     return mla_plan(shape, facts)
 
 
-@functools.lru_cache(maxsize=None)
 def mla_small_max_tokens(shape: MLAShape, facts: CudaFacts) -> int:
     """The most tokens :func:`mla_plan_for_tokens` gives the small-batch plan (0 for the q side)."""
     return 0 if shape.q_rope else MLA_SMALL_TOKENS_PER_SM * facts.num_sms
