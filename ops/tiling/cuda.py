@@ -497,14 +497,20 @@ MLA_DEPENDENT_LAUNCH = True
 
 
 #: The MLA prologue's small-batch plan (:func:`mla_small_plan`): one token a tile, q_c's and kv_c's
-#: rows held whole (up to :data:`MLA_SMALL_MAX_ROW` lanes: one pass, no second read of the row) on
-#: :data:`MLA_SMALL_WARPS` warps. H100, 2026-12-06 (``tune_mla_plan.py --tokens 1 64``), the prologue
-#: alone, one call a graph, T = 1 / 64, the large plan -> this one: DeepSeek-V3 7.78 / 8.45 -> 6.18 /
-#: 6.69 us, Kimi-K2 TP 8 7.84 / 8.16 -> 6.40 / 6.56 (the sweep's best of 1-4 tokens x 2-8 warps),
-#: V2-Lite 6.85 / 7.25 -> 6.50 / 6.98 (its best, 4 warps, 6.24 / 6.75, moves kv_c's 512 lanes in
-#: 8-byte pieces: ``cuda_compile``'s 16-byte rule).
-MLA_SMALL_WARPS = 2
+#: rows held whole (up to :data:`MLA_SMALL_MAX_ROW` lanes: one pass, no second read of the row).
+#: H100, 2026-12-06 (``tune_mla_plan.py --tokens 1 64``), the prologue alone, one call a graph,
+#: T = 1 / 64, the large plan -> this one on 2 warps: DeepSeek-V3 7.78 / 8.45 -> 6.18 / 6.69 us,
+#: Kimi-K2 TP 8 7.84 / 8.16 -> 6.40 / 6.56 (the sweep's best of 1-4 tokens x 2-8 warps), V2-Lite
+#: 6.85 / 7.25 -> 6.50 / 6.98 (4 warps, 6.24 / 6.75 there, move kv_c's 512 lanes in 8-byte pieces:
+#: ``cuda_compile``'s 16-byte rule).
 MLA_SMALL_MAX_ROW = 2048
+#: The small plan's warps: one for each this many lanes of the widest row held (at most 32 lanes a
+#: thread): q_c's 2048 (padded) on 2 warps, V2-Lite's kv_c 512 on 1. H100, 2026-12-06
+#: (``tune_mla_plan.py --tokens 1 64 256 1024 --warps 1 2``, ``tune_mla_plan_warps.txt``), the
+#: prologue alone, 2 -> 1 warp: V2-Lite 3-4 % faster at every T (T = 1 / 64 6.05 / 6.50 -> 5.89 /
+#: 6.27 us); the q-latent rows 2-18 % slower to T = 256 (DeepSeek-V3 T = 1 5.95 -> 7.01), 3-4 %
+#: faster at 1024 (9.44 -> 9.09), where the small plan nearly ends: they keep 2.
+MLA_SMALL_LANES_PER_WARP = 1024
 #: The small plan serves up to this many tokens an SM (T <= 1056 on 132 SMs). H100, 2026-12-06
 #: (``tune_mla_plan.py --tokens 128 .. 2048 --block-tokens 1 4``, ``tune_mla_plan_mid.txt``), the
 #: prologue alone, small -> large plan: T = 512 DeepSeek-V3 / Kimi-K2 TP 8 / V2-Lite 7.55 / 7.68 /
@@ -541,8 +547,9 @@ def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
 @functools.lru_cache(maxsize=None)
 def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
     """The MLA prologue's small-batch plan: :func:`mla_plan` with one token a tile, each latent
-    row held whole where it has at most :data:`MLA_SMALL_MAX_ROW` lanes, :data:`MLA_SMALL_WARPS`
-    warps (the q side has none of its own: :func:`mla_plan`)."""
+    row held whole where it has at most :data:`MLA_SMALL_MAX_ROW` lanes, a warp for each
+    :data:`MLA_SMALL_LANES_PER_WARP` lanes of the widest (at least one; the q side has no small plan
+    of its own: :func:`mla_plan`)."""
     large = mla_plan(shape, facts)
     if shape.q_rope:
         return large
@@ -550,8 +557,9 @@ def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
     def whole(rank: int, chunk: int) -> int:
         return next_pow2(rank) if rank and next_pow2(rank) <= MLA_SMALL_MAX_ROW else chunk
 
-    return replace(large, block_tokens=1, q_chunk=whole(shape.q_lora_rank, large.q_chunk),
-                   kv_chunk=whole(shape.kv_lora_rank, large.kv_chunk), num_warps=MLA_SMALL_WARPS)
+    q_chunk, kv_chunk = whole(shape.q_lora_rank, large.q_chunk), whole(shape.kv_lora_rank, large.kv_chunk)
+    warps = max(1, max(q_chunk, kv_chunk) // MLA_SMALL_LANES_PER_WARP)
+    return replace(large, block_tokens=1, q_chunk=q_chunk, kv_chunk=kv_chunk, num_warps=warps)
 
 
 def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> MLAPlan:

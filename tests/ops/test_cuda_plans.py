@@ -213,7 +213,8 @@ def test_cuda_mla_dependent_launch(shape):
     MLAShape(0, 0, 64, 2, 4, num_heads=16, head_dim=192),  # the q side: no small-batch plan
 ])
 def test_cuda_mla_small_batch_plan(shape):
-    """The prologue's small-batch plan (one token a tile, latent rows held whole, MLA_SMALL_WARPS)
+    """The prologue's small-batch plan (one token a tile, latent rows held whole, a warp for each
+    MLA_SMALL_LANES_PER_WARP lanes of the widest: 2 with q_c's 1536, 1 with kv_c's 512 alone)
     serves exactly up to MLA_SMALL_TOKENS_PER_SM tokens an SM;
     the q side keeps its one plan; Ascend has one plan for every batch size."""
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
@@ -222,7 +223,7 @@ def test_cuda_mla_small_batch_plan(shape):
         assert small == large
         assert cuda.mla_plan_for_tokens(shape, facts, 1) == large
         return
-    assert (small.block_tokens, small.num_warps) == (1, cuda.MLA_SMALL_WARPS)
+    assert (small.block_tokens, small.num_warps) == (1, 2 if shape.q_lora_rank else 1)
     for rank, chunk, small_chunk in ((shape.q_lora_rank, large.q_chunk, small.q_chunk),
                                      (shape.kv_lora_rank, large.kv_chunk, small.kv_chunk)):
         assert small_chunk == (next_pow2(rank) if rank else chunk) and small_chunk >= rank
