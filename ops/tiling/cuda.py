@@ -507,7 +507,7 @@ MLA_SMALL_MAX_ROW = 2048
 #: The small plan's warps: one for each this many lanes of the widest row held (at most 32 lanes a
 #: thread): q_c's 2048 (padded) on 2 warps, V2-Lite's kv_c 512 on 1. H100, 2026-12-06
 #: (``tune_mla_plan.py --tokens 1 64 256 1024 --warps 1 2``, ``tune_mla_plan_warps.txt``), the
-#: prologue alone, 2 -> 1 warp: V2-Lite 3-4 % faster at every T (T = 1 / 64 6.05 / 6.50 -> 5.89 /
+#: prologue alone, 2 -> 1 warp: V2-Lite 2.6-4 % faster at every T (T = 1 / 64 6.05 / 6.50 -> 5.89 /
 #: 6.27 us); the q-latent rows 2-18 % slower to T = 256 (DeepSeek-V3 T = 1 5.95 -> 7.01), 3-4 %
 #: faster at 1024 (9.44 -> 9.09), where the small plan nearly ends: they keep 2.
 MLA_SMALL_LANES_PER_WARP = 1024
