@@ -177,6 +177,23 @@ class BoundKernel:
                     return
         self._kernel[(grid,)](**self.kwargs(sources, runtime_values))
 
+    def replay(self, grid: int, sources: tuple, runtime_values: tuple):
+        """A callable that launches this call again with every argument fixed: the compiled
+        kernel's launcher alone (its stream query included), what one launch costs the host below
+        the op's Python (``vllm-ascend-ext bench --host``'s ``launch``); ``None`` off the direct
+        path."""
+        d = self._direct
+        if d is None:
+            return None
+        args = d.template.copy()
+        ptrs = [sources[i].data_ptr() + offset for i, offset in d.units]
+        for pos, j in d.ptr_slots:
+            args[pos] = ptrs[j]
+        for pos, value in zip(d.runtime_slots, runtime_values):
+            args[pos] = value
+        run, function, packed, stream, device = d.run, d.function, d.packed, d.stream, d.device
+        return lambda: run(grid, 1, 1, stream(device), function, packed, None, None, None, *args)
+
     def kwargs(self, sources: tuple, runtime_values: tuple) -> dict:
         """The kernel's keyword arguments for one call (tensors, scalars, constexprs and launch
         options), as ``kernel[grid](**kwargs)`` takes them."""

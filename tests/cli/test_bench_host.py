@@ -29,8 +29,10 @@ def test_host_mode_writes_its_table(tmp_path):
     assert rows[0].empty_ops > 0 and all(r.empty_ops is None and r.empty_compiled_delta is None for r in rows[1:])
     text = host.format_host_table(result)
     mla_lines = [line.split() for line in text.splitlines() if line.startswith("DeepSeek-V3 TP8 (MLA)")]
-    assert [(line[3], line[5], line[8], line[9]) for line in mla_lines] == [
-        ("split_qkv_rmsnorm_rope_mla", "-", "-", "-"), ("mla_q_rope_", "-", "-", "-")]
+    assert [(line[3], line[5], line[7], line[9], line[10], line[11]) for line in mla_lines] == [
+        ("split_qkv_rmsnorm_rope_mla", "-", "-", "-", "-", "-"), ("mla_q_rope_", "-", "-", "-", "-", "-")]
+    assert all(r.launch is None for r in rows)  # the interpreter: no direct launch to replay
+    assert result["meta"]["new_empty"] > 0 and result["meta"]["view"] > 0
     paths = report.write_host_outputs(result, tmp_path, text=text)
     assert {p.name for p in paths} >= {"bench_host.csv", "bench_host.json", "bench_host.txt"}
     saved = json.loads((tmp_path / "bench_host.json").read_text())
@@ -46,7 +48,7 @@ def test_meta_host_mode_runs_the_real_path_without_launching():
     launch_cache.clear()
     result = host.run_host(torch.device("meta"), calls=2, rounds=1)
     assert len(result["rows"]) == len(host.CASES) and result["meta"]["device"] == "meta"
-    assert all(r.ours > 0 and r.torch_ops > 0 for r in result["rows"])
+    assert all(r.ours > 0 and r.torch_ops > 0 and r.launch is None for r in result["rows"])
     assert all((r.empty_ops is not None) == (r.op == "split_qkv_rmsnorm_rope") for r in result["rows"])
     assert {r.op for r in result["rows"]} >= {"split_qkv_rmsnorm_rope_mla", "mla_q_rope_"}
     stats = launch_cache.stats()

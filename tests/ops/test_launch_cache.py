@@ -393,7 +393,7 @@ class _FakeKernel:
 
 def test_direct_launch_fills_addresses_and_falls_back(monkeypatch):
     """The direct path's arguments: each pointer the source's address (plus its column's bytes),
-    the run-time integer, the constexprs; a source less aligned than the first call's, or a launch
+    the run-time integer, the constexprs (a replay too); a source less aligned than the first call's, or a launch
     hook, takes ``kernel[grid]`` with the column as a view."""
     import types
 
@@ -413,6 +413,9 @@ def test_direct_launch_fills_addresses_and_falls_back(monkeypatch):
     y = torch.zeros(3, 16, dtype=torch.bfloat16)
     bound(2, (y,), (3,))
     assert kernel.launches[-1] == ("direct", (y.data_ptr(), y.data_ptr() + 16, 3, 7))
+    replay = bound.replay(2, (x,), (4,))  # the host benchmark's launch alone: this call's arguments, fixed
+    replay()
+    assert kernel.launches[-1] == ("direct", (x.data_ptr(), x.data_ptr() + 16, 4, 7))
     shifted = torch.zeros(3 * 16 + 1, dtype=torch.bfloat16)[1:].view(3, 16)
     bound(2, (shifted,), (3,))
     path, kwargs = kernel.launches[-1]

@@ -8,6 +8,12 @@ is what is measured) for:
 * ``add_``: ``torch.Tensor.add_`` on a small tensor, one ATen launch: the floor of any op;
 * ``unfused``: the prologue as vLLM runs it unfused in eager (split, views, RMSNorm, RoPE);
 * ``ours``: our op called directly (``vllm_ascend_ext.ops``), through the launch cache;
+* ``launch`` (direct Triton launch only, CUDA): the op's launches of one call replayed with every
+  argument fixed (:func:`launch_replay`): Triton's compiled launcher alone, what a launch costs below
+  our Python; ours minus it is the key, the lookup and the outputs. Beside it the meta's
+  ``new_empty`` and ``view``: one output allocation (``qkv.new_empty(1, 4096)``) and one column view
+  of qkv, the primitives the outputs are made of. The direct path cannot cost less than its
+  launches and its outputs;
 * ``torch.ops``: the custom op through the dispatcher (what a compiled graph calls);
 * ``compiled`` (CUDA only): a ``torch.compile``\\ d function (no CUDA graph) calling the custom
   op, minus the same compiled function without it;
@@ -40,7 +46,7 @@ from .harness import run_meta, triton_version
 from .prologue import unfused_prologue
 
 __all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "compiled_delta", "empty_op",
-           "format_host_table", "per_call", "run_host"]
+           "format_host_table", "launch_replay", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -82,6 +88,7 @@ class HostRow:
     compiled_delta: float | None
     empty_ops: float | None = None
     empty_compiled_delta: float | None = None
+    launch: float | None = None
 
 
 def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
@@ -186,6 +193,31 @@ class _Redispatched:
         return lambda *args, **kwargs: overload.redispatch(keys, *args, **kwargs)
 
 
+def launch_replay(direct):
+    """The launches of one ``direct()`` call, each replayed with its arguments fixed
+    (:meth:`~vllm_ascend_ext.ops.triton_launcher.BoundKernel.replay`), as one callable; ``None``
+    where a launch is not direct (the interpreter, triton-ascend) or nothing launches (``meta``)."""
+    from ..ops.triton_launcher import BoundKernel
+
+    calls = []
+    launch = BoundKernel.__call__
+
+    def record(bound, grid, sources, runtime_values):
+        calls.append(bound.replay(grid, sources, runtime_values))
+        return launch(bound, grid, sources, runtime_values)
+
+    BoundKernel.__call__ = record
+    try:
+        direct()
+    finally:
+        BoundKernel.__call__ = launch
+    if not calls or None in calls:
+        return None
+    if len(calls) == 1:
+        return calls[0]
+    return lambda: [replay() for replay in calls]
+
+
 #: The namespace of :func:`empty_op` (the benchmark's own: nothing else registers in it).
 EMPTY_NAMESPACE = "vllm_ascend_ext_bench"
 #: The empty op's library once defined, and its ``[T, 0]`` outputs per (dtype, device).
@@ -259,6 +291,9 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
     add = per_call(lambda: floor_tensor.add_(1), calls, rounds, device)
     rows = []
     with torch.inference_mode():
+        qkv = torch.zeros(1, 6144, dtype=torch.bfloat16, device=device)
+        primitives = {"new_empty": per_call(lambda: qkv.new_empty(1, 4096), calls, rounds, device),
+                      "view": per_call(lambda: qkv[:, 4096:5120], calls, rounds, device)}
         for label, model, variant in cases:
             direct, through_ops, unfused, extra = _case(model, variant, device)
             compiled = empty = empty_compiled = None
@@ -272,13 +307,16 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                     compiled = compiled_delta(torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope, *extra, calls,
                                               rounds, device)
                     empty_compiled = compiled_delta(empty_op(), *extra, calls, rounds, device)
+            ours = per_call(direct, calls, rounds, device)
+            replay = launch_replay(direct)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
-                ours=per_call(direct, calls, rounds, device), torch_ops=per_call(through_ops, calls, rounds, device),
-                compiled_delta=compiled, empty_ops=empty, empty_compiled_delta=empty_compiled))
+                ours=ours, torch_ops=per_call(through_ops, calls, rounds, device),
+                compiled_delta=compiled, empty_ops=empty, empty_compiled_delta=empty_compiled,
+                launch=None if replay is None else per_call(replay, calls, rounds, device)))
     meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
-            "tokens": 1, "torch": torch.__version__, "triton": triton_version()}
+            "tokens": 1, "torch": torch.__version__, "triton": triton_version(), **primitives}
     return {"meta": meta, "rows": rows}
 
 
@@ -287,12 +325,13 @@ def format_host_table(result: dict) -> str:
     def cell(value):
         return "-" if value is None else f"{value:.1f}"
 
-    head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'torch.ops':>9s} {'compiled+':>9s} "
-            f"{'empty':>6s} {'empty compiled+':>15s}")
-    lines = [f"host us per call, T = 1 ({result['meta']['device']}, {result['meta']['calls']} calls, best of "
-             f"{result['meta']['rounds']})", head]
+    meta = result["meta"]
+    head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'launch':>6s} {'torch.ops':>9s} "
+            f"{'compiled+':>9s} {'empty':>6s} {'empty compiled+':>15s}")
+    lines = [f"host us per call, T = 1 ({meta['device']}, {meta['calls']} calls, best of {meta['rounds']}); "
+             f"new_empty {meta['new_empty']:.1f}, a view {meta['view']:.1f}", head]
     for r in result["rows"]:
         lines.append(f"{r.case:22s} {r.op:34s} {cell(r.add_):>6s} {cell(r.unfused):>8s} {cell(r.ours):>6s} "
-                     f"{cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s} {cell(r.empty_ops):>6s} "
-                     f"{cell(r.empty_compiled_delta):>15s}")
+                     f"{cell(r.launch):>6s} {cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s} "
+                     f"{cell(r.empty_ops):>6s} {cell(r.empty_compiled_delta):>15s}")
     return "\n".join(lines)

@@ -195,10 +195,11 @@ def write_host_outputs(result: dict, out_dir: Path, text: str | None = None) -> 
         return paths
     fig, ax = plt.subplots(figsize=(10, 4))
     names = [f"{r['case']}\n{r['op'].replace('split_qkv_', '')}" for r in records]
-    width = 0.2
-    for i, key in enumerate(("add_", "unfused", "ours", "torch_ops")):
+    keys = ("add_", "unfused", "launch", "ours", "torch_ops")
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
         ax.bar([x + i * width for x in range(len(records))], [r[key] or 0 for r in records], width, label=key)
-    ax.set_xticks([x + 1.5 * width for x in range(len(records))], names, fontsize=7)
+    ax.set_xticks([x + (len(keys) - 1) / 2 * width for x in range(len(records))], names, fontsize=7)
     ax.set_ylabel("host µs per call (T = 1)")
     ax.set_title(f"host cost per call, {result['meta']['device']}")
     ax.legend(fontsize=8)
