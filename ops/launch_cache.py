@@ -169,8 +169,8 @@ def call_key(args: dict, token_keys: dict):
     grad mode is on makes the key ``None``: the validator refuses the call, every time.
 
     Which argument is keyed how depends only on the names and types of the arguments: that is
-    worked out once per (names, types) (:class:`_KeyPlan`), so a call costs the tensors' reads
-    and a few C-level gathers, not a Python pass over every argument.
+    worked out once per (names, types) (:class:`_KeyPlan`, which writes the key's function out
+    for them), so a call costs the tensors' reads, not a Python pass over every argument.
     """
     values = tuple(args.values())
     kinds = tuple(map(type, values))
@@ -182,10 +182,7 @@ def call_key(args: dict, token_keys: dict):
         for t in plan.tensors(values):
             if t.requires_grad:
                 return None
-    return (plan, plan.scalars(values),
-            tuple(map(tensor_key, plan.plain(values))),
-            tuple([fn(values[i]) for i, fn in plan.special]),
-            tuple([_sequence_key(values[i]) for i in plan.sequences]))
+    return plan.key(values)
 
 
 #: The key plans by (argument names, argument types, token keys), bounded as a cache is.
@@ -208,7 +205,7 @@ class _KeyPlan:
     ``token_keys`` function), sequences, and everything else (keyed as itself). The plan is the
     key's first item, so the names and types are in the key by identity."""
 
-    __slots__ = ("plain", "scalars", "sequences", "special", "tensors", "token_keys")
+    __slots__ = ("key", "tensors", "token_keys")
 
     def __init__(self, signature: tuple, token_keys: dict):
         names, kinds, _ = signature
@@ -226,11 +223,31 @@ class _KeyPlan:
             else:
                 scalars.append(i)
         self.token_keys = token_keys
-        self.plain, self.scalars, self.tensors = _gather(plain), _gather(scalars), tensors and _gather(tensors)
-        self.special, self.sequences = tuple(special), tuple(sequences)
+        self.tensors = tensors and _gather(tensors)
+        self.key = _key_function(self, plain, special, sequences, scalars)
         if len(_PLANS) >= MAX_ENTRIES:
             _PLANS.clear()
         _PLANS[signature] = self
+
+
+def _key_function(plan: _KeyPlan, plain: list, special: list, sequences: list, scalars: list):
+    """``key(values)``: the key of a call whose arguments (``values``, in order) have ``plan``'s
+    names and types: ``(plan, scalars, plain tensors' keys, token-sized tensors' keys, sequences'
+    keys)``, each a tuple; a plain tensor's key is :func:`tensor_key`'s, read inline. Written out
+    once per plan, so that a call runs one function and no loop."""
+    def tup(items):
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    tensor = "(v{0}.dtype, v{0}.device, v{0}.shape, v{0}.stride(), not v{0}.data_ptr() & 15)"
+    lines = ["def key(values):"] + [f"    v{i} = values[{i}]" for i in plain]
+    lines.append("    return (plan, " + ", ".join([
+        tup([f"values[{i}]" for i in scalars]),
+        tup([tensor.format(i) for i in plain]),
+        tup([f"f{i}(values[{i}])" for i, _ in special]),
+        tup([f"sequence(values[{i}])" for i in sequences])]) + ")")
+    namespace = {"plan": plan, "sequence": _sequence_key, **{f"f{i}": fn for i, fn in special}}
+    exec(compile("\n".join(lines), "<launch-cache key>", "exec"), namespace)
+    return namespace["key"]
 
 
 def _sequence_key(value) -> tuple:

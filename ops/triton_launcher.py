@@ -89,10 +89,13 @@ class _Direct:
     """The compiled kernel and the argument template of :class:`BoundKernel`'s direct path.
 
     Per call only the addresses (one per distinct source and column) and the run-time integers
-    change; everything else is the template, copied."""
+    change; everything else is the template. :attr:`launch` is a function written for this
+    template (:func:`_launch_function`): it reads each source's address once, checks the
+    alignment the kernel was specialised for and calls the launcher with every argument in
+    place, with no list built or copied per call."""
 
-    __slots__ = ("aligned", "device", "function", "packed", "ptr_slots", "run", "runtime_slots", "stream",
-                 "template", "units")
+    __slots__ = ("aligned", "device", "function", "launch", "packed", "ptr_slots", "run", "runtime_slots",
+                 "stream", "template", "units")
 
     def __init__(self, kernel, tensors: dict, kwargs: dict, grid: int, runtime: tuple[str, ...], sources: tuple):
         from triton.runtime import driver
@@ -114,6 +117,32 @@ class _Direct:
         self.packed = compiled.packed_metadata
         self.device = driver.active.get_current_device()
         self.stream = driver.active.get_current_stream
+        self.launch = _launch_function(self)
+
+
+def _launch_function(d: _Direct):
+    """``launch(grid, sources, runtime_values) -> bool``: one direct launch of ``d``'s kernel,
+    ``False`` (nothing launched) when an address the kernel was specialised as 16-byte aligned is
+    not. Written out for ``d``'s template (as Triton writes its own launchers): the template's
+    constants are names in the function's globals, the addresses ``sN + offset``."""
+    sources = sorted({i for i, _ in d.units})
+    address = [f"s{i}" if not offset else f"(s{i} + {offset})" for i, offset in d.units]
+    args = [f"c{pos}" for pos in range(len(d.template))]
+    for pos, j in d.ptr_slots:
+        args[pos] = address[j]
+    for n, pos in enumerate(d.runtime_slots):
+        args[pos] = f"runtime_values[{n}]"
+    lines = ["def launch(grid, sources, runtime_values):"]
+    lines += [f"    s{i} = sources[{i}].data_ptr()" for i in sources]
+    if d.aligned:
+        lines.append(f"    if ({' | '.join(address[j] for j in d.aligned)}) & 15:")
+        lines.append("        return False")
+    lines.append("    run(grid, 1, 1, stream(device), function, packed, None, None, None, " + ", ".join(args) + ")")
+    lines.append("    return True")
+    namespace = {"run": d.run, "stream": d.stream, "device": d.device, "function": d.function, "packed": d.packed}
+    namespace.update((f"c{pos}", value) for pos, value in enumerate(d.template))
+    exec(compile("\n".join(lines), f"<direct launch of {len(d.template)} arguments>", "exec"), namespace)
+    return namespace["launch"]
 
 
 class BoundKernel:
@@ -161,21 +190,8 @@ class BoundKernel:
     def __call__(self, grid: int, sources: tuple, runtime_values: tuple) -> None:
         """Launch on ``grid`` programs with this call's ``sources`` and run-time integers."""
         d = self._direct
-        if d is not None:
-            if not launch_hooked():
-                ptrs = [sources[i].data_ptr() + offset for i, offset in d.units]
-                misaligned = 0
-                for j in d.aligned:
-                    misaligned |= ptrs[j]
-                if not misaligned & 15:
-                    args = d.template.copy()
-                    for pos, j in d.ptr_slots:
-                        args[pos] = ptrs[j]
-                    for pos, value in zip(d.runtime_slots, runtime_values):
-                        args[pos] = value
-                    d.run(grid, 1, 1, d.stream(d.device), d.function, d.packed, None, None, None, *args)
-                    return
-        self._kernel[(grid,)](**self.kwargs(sources, runtime_values))
+        if d is None or launch_hooked() or not d.launch(grid, sources, runtime_values):
+            self._kernel[(grid,)](**self.kwargs(sources, runtime_values))
 
     def replay(self, grid: int, sources: tuple, runtime_values: tuple):
         """A callable that launches this call again with every argument fixed: the compiled
