@@ -1,11 +1,14 @@
 """Where a call's host time goes: cProfile of the op at T = 1, and the primitives it is made of.
 
-    python -P scripts/profile_host.py [--model Qwen3-8B] [--calls 2000] [--top 25] [--compiled]
+    python -P scripts/profile_host.py [--model Qwen3-8B] [--calls 2000] [--top 25] [--compiled | --stub-launch]
 
 Prints the primitives' cost per call (tensor allocation, a view, ``data_ptr``, the stream query,
 a launch-cache key) and the profile of ``split_qkv_rmsnorm_rope`` called directly, sorted by own
 time: the probe behind the host-path decisions in docs/performance.md. ``--compiled``: instead,
-a ``torch.compile``\\ d function calling the custom op (as ``bench --host`` times it), profiled. Needs the package
+a ``torch.compile``\\ d function calling the custom op (as ``bench --host`` times it), profiled.
+``--stub-launch`` (CPU, no GPU needed): Triton's compiled launcher replaced by a no-op, so that
+every ``bench --host`` case's direct call runs our whole direct path (key, lookup, outputs, the
+bound kernel's launch) around nothing: µs per call of each, then the profile. Needs the package
 importable (``pip install -e .``, or ``PYTHONPATH`` on the layout ``scripts/gpu_tests.sh`` builds).
 """
 
@@ -23,8 +26,14 @@ def main() -> None:
     parser.add_argument("--model", default="Qwen3-8B")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--compiled", action="store_true", help="profile a compiled function calling the custom op")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--compiled", action="store_true", help="profile a compiled function calling the custom op")
+    mode.add_argument("--stub-launch", action="store_true",
+                      help="CPU: the direct path around a no-op launcher, every bench --host case")
     args = parser.parse_args()
+    if args.stub_launch:
+        _stub_launch(args.calls, args.top)
+        return
 
     from vllm_ascend_ext.bench.cases import make_inputs
     from vllm_ascend_ext.bench.host import per_call
@@ -74,6 +83,55 @@ def _compiled_call(kwargs: dict):
 
     compiled = torch.compile(with_op, dynamic=False)
     return lambda: compiled(*positional)
+
+
+class _NoLaunch:
+    """A compiled kernel whose launcher does nothing (``--stub-launch``)."""
+
+    function, packed_metadata = 0, None
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        pass
+
+
+def _stub_launch(calls: int, top: int) -> None:
+    """Time and profile every ``bench --host`` case's direct call on CPU tensors with the direct
+    launch taken and Triton's launcher a no-op (the kernels are never compiled or run)."""
+    import importlib
+    import os
+    import types
+
+    if torch.cuda.is_available():
+        raise SystemExit("profile_host.py: --stub-launch is for a machine without a GPU")
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors pass the ops' device check
+    import triton.runtime
+
+    from vllm_ascend_ext.ops import triton_launcher
+
+    triton_launcher.direct_unavailable_reason = lambda kernel=None: None
+    triton_launcher._runtime_knobs = triton.knobs.runtime
+    triton.runtime.driver = types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 0))
+    for module, names in (("split_qkv_rmsnorm_rope", ("split_qkv_rmsnorm_rope_kernel",)),
+                          ("split_qkv_rmsnorm_rope_mla", ("mla_kernel",)),
+                          ("split_qkv_tp_rmsnorm_rope", ("sums_kernel",))):
+        module = importlib.import_module(f"vllm_ascend_ext.ops.{module}")
+        for name in names:
+            getattr(module, name).warmup = lambda grid, **kwargs: _NoLaunch()
+    from vllm_ascend_ext.bench import host
+
+    device = torch.device("cpu")
+    first = None
+    with torch.inference_mode():
+        for label, model, variant in host.CASES:
+            direct = host._case(model, variant, device)[0]
+            direct()
+            first = first or direct
+            print(f"{label:24s} {host.OP_OF[variant]:34s} {host.per_call(direct, calls, 3, device):7.2f} us")
+    _profile(first, "split_qkv_rmsnorm_rope (stubbed launch)", calls, top, device)
 
 
 def _profile(op, label: str, calls: int, top: int, device: torch.device) -> None:

@@ -66,6 +66,17 @@ def test_profile_host_script_runs():
     assert "split_qkv_rmsnorm_rope (direct)" in out.stdout and "function calls" in out.stdout
 
 
+def test_profile_host_script_stubs_the_launcher():
+    """``--stub-launch``: every host case's direct call through the direct path (the written-out
+    launch, a no-op launcher), timed, then profiled."""
+    out = subprocess.run([sys.executable, "-P", str(ROOT / "scripts" / "profile_host.py"), "--stub-launch",
+                          "--calls", "1", "--top", "40"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    timed = [line for line in out.stdout.splitlines() if line.endswith(" us")]
+    assert len(timed) == len(host.CASES) + 1
+    assert "<direct launch of" in out.stdout and "<launch-cache key>" in out.stdout
+
+
 @pytest.mark.full  # 12 s of Inductor on the CPU; the module is linted either way
 def test_profile_host_script_profiles_a_compiled_call():
     env = dict(os.environ, TRITON_INTERPRET="1")
