@@ -358,6 +358,12 @@ def test_key_plans_follow_names_and_types():
     assert key({"qkv": t, "c": pair}, keys) != key({"qkv": t, "c": (pair[0].half(), None)}, keys)
     with torch.enable_grad():
         assert key({"qkv": t.clone().requires_grad_(), "a": 1}, keys) is None
+    # The written-out key: the scalars, each plain tensor as tensor_key reads it, the token-sized
+    # ones through their functions, the sequences.
+    w, cache = torch.empty(8, dtype=torch.float16)[1:], torch.empty(3, 4)[:, ::2]
+    got = key({"qkv": t, "w": w, "n": 3, "eps": 0.5, "cache": cache, "s": [w, None]}, keys)
+    assert got[1:] == ((3, 0.5), (launch_cache.tensor_key(w), launch_cache.tensor_key(cache)),
+                       (launch_cache.rows_key(t),), ((launch_cache.tensor_key(w), (None, type(None))),))
 
 
 class _FakeCompiled:
