@@ -8,7 +8,8 @@ time: the probe behind the host-path decisions in docs/performance.md. ``--compi
 a ``torch.compile``\\ d function calling the custom op (as ``bench --host`` times it), profiled.
 ``--stub-launch`` (CPU, no GPU needed): Triton's compiled launcher replaced by a no-op, so that
 every ``bench --host`` case's direct call runs our whole direct path (key, lookup, outputs, the
-bound kernel's launch) around nothing: µs per call of each, then the profile. Needs the package
+bound kernel's launch) around nothing: µs per call of each, then the profile; it first checks that
+each launch passes the launcher what the bound template filled in one by one would. Needs the package
 importable (``pip install -e .``, or ``PYTHONPATH`` on the layout ``scripts/gpu_tests.sh`` builds).
 """
 
@@ -86,15 +87,38 @@ def _compiled_call(kwargs: dict):
 
 
 class _NoLaunch:
-    """A compiled kernel whose launcher does nothing (``--stub-launch``)."""
+    """A compiled kernel whose launcher does nothing but keep its last arguments (``--stub-launch``)."""
 
     function, packed_metadata = 0, None
+    last = None
 
     def _init_handles(self):
         pass
 
     def run(self, *args):
-        pass
+        _NoLaunch.last = args
+
+
+def _same_arguments(direct) -> bool:
+    """Whether each launch of one ``direct()`` call passes the launcher what the bound kernel's
+    template filled in one by one passes it (``BoundKernel.replay``: the template, its addresses
+    and run-time integers set in a loop)."""
+    from vllm_ascend_ext.ops.triton_launcher import BoundKernel
+
+    same, launch = [], BoundKernel.__call__
+
+    def compare(bound, grid, sources, runtime_values):
+        bound.replay(grid, sources, runtime_values)()
+        expected = _NoLaunch.last
+        launch(bound, grid, sources, runtime_values)
+        same.append(_NoLaunch.last == expected)
+
+    BoundKernel.__call__ = compare
+    try:
+        direct()
+    finally:
+        BoundKernel.__call__ = launch
+    return bool(same) and all(same)
 
 
 def _stub_launch(calls: int, top: int) -> None:
@@ -130,6 +154,9 @@ def _stub_launch(calls: int, top: int) -> None:
             direct = host._case(model, variant, device)[0]
             direct()
             first = first or direct
+            if not _same_arguments(direct):
+                raise SystemExit(f"profile_host.py: {label} {variant}: the direct launch's arguments differ from the "
+                                 "template's")
             print(f"{label:24s} {host.OP_OF[variant]:34s} {host.per_call(direct, calls, 3, device):7.2f} us")
     _profile(first, "split_qkv_rmsnorm_rope (stubbed launch)", calls, top, device)
 

@@ -68,7 +68,8 @@ def test_profile_host_script_runs():
 
 def test_profile_host_script_stubs_the_launcher():
     """``--stub-launch``: every host case's direct call through the direct path (the written-out
-    launch, a no-op launcher), timed, then profiled."""
+    launch, a no-op launcher), its arguments checked against the bound template's (the script
+    exits non-zero on a difference), timed, then profiled."""
     out = subprocess.run([sys.executable, "-P", str(ROOT / "scripts" / "profile_host.py"), "--stub-launch",
                           "--calls", "1", "--top", "40"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
