@@ -260,7 +260,8 @@ def _sequence_key(value) -> tuple:
 def tensor_key(t):
     """What the validator reads of a tensor whose sizes do not depend on the token count
     (``None`` stays ``None``; anything else that is no tensor raises, and the op takes the full
-    path). The pointer's 16-byte alignment is in the key: a compiled kernel is specialised on it."""
+    path). The pointer's 16-byte alignment is in the key: a compiled kernel is specialised on it.
+    :func:`_key_function` reads the same fields inline (a test holds the two equal)."""
     if t is None:
         return None
     return t.dtype, t.device, t.shape, t.stride(), not t.data_ptr() & 15

@@ -103,21 +103,17 @@ def _same_arguments(direct) -> bool:
     """Whether each launch of one ``direct()`` call passes the launcher what the bound kernel's
     template filled in one by one passes it (``BoundKernel.replay``: the template, its addresses
     and run-time integers set in a loop)."""
-    from vllm_ascend_ext.ops.triton_launcher import BoundKernel
+    from vllm_ascend_ext.bench.host import each_launch
 
-    same, launch = [], BoundKernel.__call__
+    same = []
 
-    def compare(bound, grid, sources, runtime_values):
+    def compare(bound, grid, sources, runtime_values, launch):
         bound.replay(grid, sources, runtime_values)()
         expected = _NoLaunch.last
         launch(bound, grid, sources, runtime_values)
         same.append(_NoLaunch.last == expected)
 
-    BoundKernel.__call__ = compare
-    try:
-        direct()
-    finally:
-        BoundKernel.__call__ = launch
+    each_launch(direct, compare)
     return bool(same) and all(same)
 
 
@@ -139,12 +135,10 @@ def _stub_launch(calls: int, top: int) -> None:
     triton_launcher._runtime_knobs = triton.knobs.runtime
     triton.runtime.driver = types.SimpleNamespace(active=types.SimpleNamespace(
         get_current_device=lambda: 0, get_current_stream=lambda device: 0))
-    for module, names in (("split_qkv_rmsnorm_rope", ("split_qkv_rmsnorm_rope_kernel",)),
-                          ("split_qkv_rmsnorm_rope_mla", ("mla_kernel",)),
-                          ("split_qkv_tp_rmsnorm_rope", ("sums_kernel",))):
-        module = importlib.import_module(f"vllm_ascend_ext.ops.{module}")
-        for name in names:
-            getattr(module, name).warmup = lambda grid, **kwargs: _NoLaunch()
+    for module, kernel in (("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_kernel"),
+                           ("split_qkv_rmsnorm_rope_mla", "mla_kernel"), ("split_qkv_tp_rmsnorm_rope", "sums_kernel")):
+        getattr(importlib.import_module(f"vllm_ascend_ext.ops.{module}"), kernel).warmup = \
+            lambda grid, **kwargs: _NoLaunch()
     from vllm_ascend_ext.bench import host
 
     device = torch.device("cpu")

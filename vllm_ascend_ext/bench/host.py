@@ -46,7 +46,7 @@ from .harness import run_meta, triton_version
 from .prologue import unfused_prologue
 
 __all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "compiled_delta", "empty_op",
-           "format_host_table", "launch_replay", "per_call", "run_host"]
+           "each_launch", "format_host_table", "launch_replay", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -193,24 +193,31 @@ class _Redispatched:
         return lambda *args, **kwargs: overload.redispatch(keys, *args, **kwargs)
 
 
-def launch_replay(direct):
-    """The launches of one ``direct()`` call, each replayed with its arguments fixed
-    (:meth:`~vllm_ascend_ext.ops.triton_launcher.BoundKernel.replay`), as one callable; ``None``
-    where a launch is not direct (the interpreter, triton-ascend) or nothing launches (``meta``)."""
+def each_launch(direct, visit) -> None:
+    """Run ``direct()`` with each of its bound kernels' launches handed to ``visit(bound, grid,
+    sources, runtime_values, launch)`` instead (``launch``: the real ``BoundKernel.__call__``,
+    which ``visit`` calls with the first four to launch)."""
     from ..ops.triton_launcher import BoundKernel
 
-    calls = []
     launch = BoundKernel.__call__
-
-    def record(bound, grid, sources, runtime_values):
-        calls.append(bound.replay(grid, sources, runtime_values))
-        return launch(bound, grid, sources, runtime_values)
-
-    BoundKernel.__call__ = record
+    BoundKernel.__call__ = lambda bound, *call: visit(bound, *call, launch)
     try:
         direct()
     finally:
         BoundKernel.__call__ = launch
+
+
+def launch_replay(direct):
+    """The launches of one ``direct()`` call, each replayed with its arguments fixed
+    (:meth:`~vllm_ascend_ext.ops.triton_launcher.BoundKernel.replay`), as one callable; ``None``
+    where a launch is not direct (the interpreter, triton-ascend) or nothing launches (``meta``)."""
+    calls = []
+
+    def record(bound, grid, sources, runtime_values, launch):
+        calls.append(bound.replay(grid, sources, runtime_values))
+        launch(bound, grid, sources, runtime_values)
+
+    each_launch(direct, record)
     if not calls or None in calls:
         return None
     if len(calls) == 1:
