@@ -29,9 +29,10 @@ def test_host_mode_writes_its_table(tmp_path):
     assert rows[0].empty_ops > 0 and all(r.empty_ops is None and r.empty_compiled_delta is None for r in rows[1:])
     text = host.format_host_table(result)
     mla_lines = [line.split() for line in text.splitlines() if line.startswith("DeepSeek-V3 TP8 (MLA)")]
-    assert [(line[3], line[5], line[7], line[9], line[10], line[11]) for line in mla_lines] == [
+    assert [(line[3], line[5], line[7], line[10], line[11], line[12]) for line in mla_lines] == [
         ("split_qkv_rmsnorm_rope_mla", "-", "-", "-", "-", "-"), ("mla_q_rope_", "-", "-", "-", "-", "-")]
     assert all(r.launch is None for r in rows)  # the interpreter: no direct launch to replay
+    assert all(r.key > 0 for r in rows)
     assert result["meta"]["new_empty"] > 0 and result["meta"]["view"] > 0
     paths = report.write_host_outputs(result, tmp_path, text=text)
     assert {p.name for p in paths} >= {"bench_host.csv", "bench_host.json", "bench_host.txt"}
@@ -56,6 +57,23 @@ def test_meta_host_mode_runs_the_real_path_without_launching():
     # The MLA ops have no selector: each direct call (3 warm-ups + 2) is one lookup of its launch cache,
     # so more hits than those mean torch.ops reached the op too.
     assert stats["split_qkv_rmsnorm_rope_mla"][2] > 5 and stats["mla_q_rope_"][2] > 5
+
+
+def test_key_replay_is_a_hit_and_nothing_else():
+    """``key``: the replayed ``prepared`` finds the direct call's entry each time: no validation,
+    no new entry, and the entry it returns is the one the call used."""
+    from vllm_ascend_ext.ops import launch_cache
+
+    meta = torch.device("meta")
+    direct = host._case("Qwen3-8B", "prologue", meta)[0]
+    launch_cache.clear()
+    direct()
+    entries, misses, hits = launch_cache.stats()["split_qkv_rmsnorm_rope"]
+    replay = host.key_replay(direct)
+    found = [replay() for _ in range(3)]
+    assert launch_cache.stats()["split_qkv_rmsnorm_rope"] == (entries, misses, hits + 4)  # the recorded call, 3 replays
+    assert entries == 1 and all(entry is found[0] for entry in found)
+    assert isinstance(found[0], launch_cache.PlannedLaunches)
 
 
 def test_profile_host_script_runs():

@@ -14,6 +14,9 @@ is what is measured) for:
   ``new_empty`` and ``view``: one output allocation (``qkv.new_empty(1, 4096)``) and one column view
   of qkv, the primitives the outputs are made of. The direct path cannot cost less than its
   launches and its outputs;
+* ``key``: the launch cache's hit alone, as one call of ``ours`` takes it (:func:`key_replay`:
+  the key computed from the call's arguments, the lookup, the token-count check). Launches,
+  outputs and key together are what no cached call avoids;
 * ``torch.ops``: the custom op through the dispatcher (what a compiled graph calls);
 * ``compiled`` (CUDA only): a ``torch.compile``\\ d function (no CUDA graph) calling the custom
   op, minus the same compiled function without it;
@@ -46,7 +49,7 @@ from .harness import run_meta, triton_version
 from .prologue import unfused_prologue
 
 __all__ = ["CALLS", "CASES", "EMPTY_NAMESPACE", "MLA_TP", "ROUNDS", "HostRow", "compiled_delta", "empty_op",
-           "each_launch", "format_host_table", "launch_replay", "per_call", "run_host"]
+           "each_launch", "format_host_table", "key_replay", "launch_replay", "per_call", "run_host"]
 
 #: Calls per timed loop on an accelerator (the issue's bar asks for at least 1000), and rounds.
 CALLS = 2000
@@ -89,6 +92,7 @@ class HostRow:
     empty_ops: float | None = None
     empty_compiled_delta: float | None = None
     launch: float | None = None
+    key: float | None = None
 
 
 def per_call(fn, calls: int, rounds: int, device: torch.device) -> float:
@@ -225,6 +229,30 @@ def launch_replay(direct):
     return lambda: [replay() for replay in calls]
 
 
+def key_replay(direct):
+    """The launch-cache hits of one ``direct()`` call, replayed: :func:`.launch_cache.prepared`
+    called again on each one's arguments (the key, the lookup and the token-count check; the entry
+    is there, so nothing validates), as one callable."""
+    from ..ops import launch_cache
+
+    hits = []
+    prepared = launch_cache.prepared
+
+    def record(*args):
+        hits.append(args)
+        return prepared(*args)
+
+    launch_cache.prepared = record
+    try:
+        direct()
+    finally:
+        launch_cache.prepared = prepared
+    if len(hits) == 1:
+        only = hits[0]
+        return lambda: prepared(*only)
+    return lambda: [prepared(*args) for args in hits]
+
+
 #: The namespace of :func:`empty_op` (the benchmark's own: nothing else registers in it).
 EMPTY_NAMESPACE = "vllm_ascend_ext_bench"
 #: The empty op's library once defined, and its ``[T, 0]`` outputs per (dtype, device).
@@ -316,12 +344,13 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                     empty_compiled = compiled_delta(empty_op(), *extra, calls, rounds, device)
             ours = per_call(direct, calls, rounds, device)
             replay = launch_replay(direct)
+            key = per_call(key_replay(direct), calls, rounds, device)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=ours, torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled, empty_ops=empty, empty_compiled_delta=empty_compiled,
-                launch=None if replay is None else per_call(replay, calls, rounds, device)))
+                launch=None if replay is None else per_call(replay, calls, rounds, device), key=key))
     meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
             "tokens": 1, "torch": torch.__version__, "triton": triton_version(), **primitives}
     return {"meta": meta, "rows": rows}
@@ -333,12 +362,13 @@ def format_host_table(result: dict) -> str:
         return "-" if value is None else f"{value:.1f}"
 
     meta = result["meta"]
-    head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'launch':>6s} {'torch.ops':>9s} "
+    head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'launch':>6s} {'key':>5s} "
+            f"{'torch.ops':>9s} "
             f"{'compiled+':>9s} {'empty':>6s} {'empty compiled+':>15s}")
     lines = [f"host us per call, T = 1 ({meta['device']}, {meta['calls']} calls, best of {meta['rounds']}); "
              f"new_empty {meta['new_empty']:.1f}, a view {meta['view']:.1f}", head]
     for r in result["rows"]:
         lines.append(f"{r.case:22s} {r.op:34s} {cell(r.add_):>6s} {cell(r.unfused):>8s} {cell(r.ours):>6s} "
-                     f"{cell(r.launch):>6s} {cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s} "
+                     f"{cell(r.launch):>6s} {cell(r.key):>5s} {cell(r.torch_ops):>9s} {cell(r.compiled_delta):>9s} "
                      f"{cell(r.empty_ops):>6s} {cell(r.empty_compiled_delta):>15s}")
     return "\n".join(lines)

@@ -195,7 +195,7 @@ def write_host_outputs(result: dict, out_dir: Path, text: str | None = None) -> 
         return paths
     fig, ax = plt.subplots(figsize=(10, 4))
     names = [f"{r['case']}\n{r['op'].replace('split_qkv_', '')}" for r in records]
-    keys = ("add_", "unfused", "launch", "ours", "torch_ops")
+    keys = ("add_", "unfused", "launch", "key", "ours", "torch_ops")
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
         ax.bar([x + i * width for x in range(len(records))], [r[key] or 0 for r in records], width, label=key)
