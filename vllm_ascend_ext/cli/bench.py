@@ -107,8 +107,9 @@ def add_parser(subparsers) -> None:
                         help="run on npu, cuda or cpu instead of the detected backend (its device must be here)")
     parser.add_argument("--host", action="store_true",
                         help="host mode: host microseconds per call at T = 1 (eager loop, best of 3) of each op "
-                             "directly, through torch.ops and (CUDA) inside a torch.compile'd function, beside "
-                             "torch.Tensor.add_ and the unfused eager path; writes bench_host.*")
+                             "directly, its launches alone, its launch-cache hit alone, through torch.ops and (CUDA) "
+                             "inside a torch.compile'd function, beside torch.Tensor.add_ and the unfused eager "
+                             "path; writes bench_host.*")
     parser.add_argument("--meta", action="store_true",
                         help="with --host: every tensor on the meta device (validation, launch cache, plan and "
                              "allocation, no launch): the Python per call on this CPU, no accelerator needed")
