@@ -363,8 +363,7 @@ def format_host_table(result: dict) -> str:
 
     meta = result["meta"]
     head = (f"{'case':22s} {'op':34s} {'add_':>6s} {'unfused':>8s} {'ours':>6s} {'launch':>6s} {'key':>5s} "
-            f"{'torch.ops':>9s} "
-            f"{'compiled+':>9s} {'empty':>6s} {'empty compiled+':>15s}")
+            f"{'torch.ops':>9s} {'compiled+':>9s} {'empty':>6s} {'empty compiled+':>15s}")
     lines = [f"host us per call, T = 1 ({meta['device']}, {meta['calls']} calls, best of {meta['rounds']}); "
              f"new_empty {meta['new_empty']:.1f}, a view {meta['view']:.1f}", head]
     for r in result["rows"]:
