@@ -38,8 +38,10 @@ and allocate, and launch nothing, so the figures are the Python around the launc
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
@@ -204,11 +206,8 @@ def each_launch(direct, visit) -> None:
     from ..ops.triton_launcher import BoundKernel
 
     launch = BoundKernel.__call__
-    BoundKernel.__call__ = lambda bound, *call: visit(bound, *call, launch)
-    try:
+    with mock.patch.object(BoundKernel, "__call__", lambda bound, *call: visit(bound, *call, launch)):
         direct()
-    finally:
-        BoundKernel.__call__ = launch
 
 
 def launch_replay(direct):
@@ -222,35 +221,34 @@ def launch_replay(direct):
         launch(bound, grid, sources, runtime_values)
 
     each_launch(direct, record)
-    if not calls or None in calls:
-        return None
-    if len(calls) == 1:
-        return calls[0]
-    return lambda: [replay() for replay in calls]
+    return None if None in calls else _in_turn(calls)
 
 
 def key_replay(direct):
     """The launch-cache hits of one ``direct()`` call, replayed: :func:`.launch_cache.prepared`
     called again on each one's arguments (the key, the lookup and the token-count check; the entry
-    is there, so nothing validates), as one callable."""
+    is there, so nothing validates), as one callable; ``None`` where the call took no cache."""
     from ..ops import launch_cache
 
     hits = []
     prepared = launch_cache.prepared
 
     def record(*args):
-        hits.append(args)
+        hits.append(functools.partial(prepared, *args))
         return prepared(*args)
 
-    launch_cache.prepared = record
-    try:
+    with mock.patch.object(launch_cache, "prepared", record):
         direct()
-    finally:
-        launch_cache.prepared = prepared
-    if len(hits) == 1:
-        only = hits[0]
-        return lambda: prepared(*only)
-    return lambda: [prepared(*args) for args in hits]
+    return _in_turn(hits)
+
+
+def _in_turn(calls: list):
+    """One callable that makes each of ``calls`` in turn (the only one itself); ``None`` for none."""
+    if not calls:
+        return None
+    if len(calls) == 1:
+        return calls[0]
+    return lambda: [call() for call in calls]
 
 
 #: The namespace of :func:`empty_op` (the benchmark's own: nothing else registers in it).
@@ -344,13 +342,14 @@ def run_host(device: torch.device, cases=CASES, calls: int | None = None, rounds
                     empty_compiled = compiled_delta(empty_op(), *extra, calls, rounds, device)
             ours = per_call(direct, calls, rounds, device)
             replay = launch_replay(direct)
-            key = per_call(key_replay(direct), calls, rounds, device)
+            hits = key_replay(direct)
             rows.append(HostRow(
                 case=label, op=OP_OF[variant],
                 add_=add, unfused=None if unfused is None else per_call(unfused, calls, rounds, device),
                 ours=ours, torch_ops=per_call(through_ops, calls, rounds, device),
                 compiled_delta=compiled, empty_ops=empty, empty_compiled_delta=empty_compiled,
-                launch=None if replay is None else per_call(replay, calls, rounds, device), key=key))
+                launch=None if replay is None else per_call(replay, calls, rounds, device),
+                key=None if hits is None else per_call(hits, calls, rounds, device)))
     meta = {"mode": "host", "device": run_meta(device, OP)["device"], "calls": calls, "rounds": rounds,
             "tokens": 1, "torch": torch.__version__, "triton": triton_version(), **primitives}
     return {"meta": meta, "rows": rows}
