@@ -138,8 +138,8 @@ def two_copies(device, timer, nbytes: tuple[int, int]) -> float:
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
-    for tokens, warps, per_sm in itertools.product(block_tokens, warps_list, args.per_sm):
-        common = dict(block_tokens=tokens, num_warps=warps, max_programs=per_sm * facts.num_sms)
+    for tokens, warps, per_sm, cap in itertools.product(block_tokens, warps_list, args.per_sm, args.max_registers):
+        common = dict(block_tokens=tokens, num_warps=warps, max_programs=per_sm * facts.num_sms, max_registers=cap)
         if q_side:
             plans += [dataclasses.replace(base, block_heads=h, **common) for h in args.block_heads]
         else:
@@ -158,6 +158,8 @@ def main() -> int:
     parser.add_argument("--q-warps", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--per-sm", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--block-heads", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--max-registers", type=int, nargs="+", default=[0],
+                        help="ptxas's cap on registers a thread (Triton's maxnreg; 0: no cap)")
     parser.add_argument("--q-chunk", type=int, nargs="+", default=[512, 2048],
                         help="q_c's chunk (2048: the 1536-lane row held whole, masked)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays a timing")
@@ -212,9 +214,10 @@ def main() -> int:
             best = min(timings, key=timings.get)
             print(f"{name} tp{tp} T={tokens} {launch}: copy {copy:.2f} us; current {timings[current]:.2f} "
                   f"({timings[current] / copy:.2f}x) {current.block_tokens}t/{current.block_heads}h/"
-                  f"{current.q_chunk}q/{current.num_warps}w/{current.max_programs // facts.num_sms}ps; best "
-                  f"{timings[best]:.2f} ({timings[best] / copy:.2f}x) {best.block_tokens}t/{best.block_heads}h/"
-                  f"{best.q_chunk}q/{best.num_warps}w/{best.max_programs // facts.num_sms}ps", flush=True)
+                  f"{current.q_chunk}q/{current.num_warps}w/{current.max_programs // facts.num_sms}ps/"
+                  f"{current.max_registers}r; best {timings[best]:.2f} ({timings[best] / copy:.2f}x) "
+                  f"{best.block_tokens}t/{best.block_heads}h/{best.q_chunk}q/{best.num_warps}w/"
+                  f"{best.max_programs // facts.num_sms}ps/{best.max_registers}r", flush=True)
             records += [dict(model=name, tp=tp, tokens=tokens, launch=launch, copy_us=copy, us=us,
                              current=plan == current, **dataclasses.asdict(plan)) for plan, us in timings.items()]
     if args.json:

@@ -311,6 +311,7 @@ class MLAPlan:
     ub_buffers: tuple = ()
     ub_capacity: int = 0
     pdl: bool = False  # the kernel's PDL, launched with programmatic dependent launch (CUDA plans)
+    max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg, CUDA plans); 0: no cap
 
     @staticmethod
     def chunks(width: int, chunk: int) -> int:
@@ -343,6 +344,8 @@ class MLAPlan:
     @property
     def launch_options(self) -> dict:
         options = {} if self.num_warps is None else {"num_warps": self.num_warps}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
         if self.pdl:
             options["launch_pdl"] = True
         return options

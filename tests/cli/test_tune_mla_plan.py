@@ -37,10 +37,11 @@ def test_candidates_vary_what_the_flags_say(tune):
     assert not prologue.q_rope and q_side.q_rope and q_side.num_heads == 16
     facts = device_facts.CudaFacts(name="test", num_sms=132, source="test")
     flags = argparse.Namespace(block_tokens=[2, 4], q_block_tokens=[1, 2], warps=[2], q_warps=[4], per_sm=[8, 16],
-                               block_heads=[4, 8], q_chunk=[512, 2048])
+                               block_heads=[4, 8], q_chunk=[512, 2048], max_registers=[0, 96])
     plans = tune._candidates(cuda.mla_plan(prologue, facts), False, facts, flags)
-    assert {(p.block_tokens, p.q_chunk, p.max_programs) for p in plans} == {
-        (t, c, s * 132) for t in (2, 4) for c in (512, 2048) for s in (8, 16)}
+    assert {(p.block_tokens, p.q_chunk, p.max_programs, p.max_registers) for p in plans} == {
+        (t, c, s * 132, r) for t in (2, 4) for c in (512, 2048) for s in (8, 16) for r in (0, 96)}
+    assert {p.launch_options.get("maxnreg") for p in plans} == {None, 96}
     q_plans = tune._candidates(cuda.mla_plan(q_side, facts), True, facts, flags)
     assert {(p.block_tokens, p.block_heads, p.num_warps) for p in q_plans} == {
         (t, h, 4) for t in (1, 2) for h in (4, 8)}
