@@ -37,6 +37,7 @@ cos/sin row, store it), the second launched dependent on the first as ours is.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import sys
@@ -172,13 +173,11 @@ def load_ops(folder: str):
     return module
 
 
-def floor_launches(timer, device) -> dict:
-    """One-call-a-graph microseconds of two launches doing the least this op's launches do:
-    ``empty`` (two kernels that return) and ``chain`` (two kernels that each load one position,
-    then its cos/sin row, and store the row: the q side's dependent loads for one token, the
-    prologue's too), each pair's second kernel launched dependent on the first as ours is
-    (programmatic dependent launch where the GPU has it, ``grid_dependency`` in both)."""
-    import torch
+@functools.lru_cache(maxsize=None)
+def least_work_kernel():
+    """The floor's kernel (Triton imported on first use): with ``WORK`` it loads one position, then
+    that position's cos/sin row, and stores the row (the q side's dependent loads for one token,
+    the prologue's too); without, it returns. ``PDL``: ``grid_dependency`` first, as ours."""
     import triton
     import triton.language as tl
 
@@ -186,7 +185,6 @@ def floor_launches(timer, device) -> dict:
 
     @triton.jit
     def least(pos_ptr, cache_ptr, out_ptr, R: tl.constexpr, WORK: tl.constexpr, PDL: tl.constexpr):
-        # WORK: one position, its cos/sin row, stored; else nothing.
         if PDL:
             grid_dependency()
         if WORK:
@@ -194,15 +192,33 @@ def floor_launches(timer, device) -> dict:
             row = tl.load(pos_ptr).to(tl.int64)
             tl.store(out_ptr + lanes, tl.load(cache_ptr + row * R + lanes))
 
+    return least
+
+
+def least_work_launch(device, work: bool = True):
+    """A zero-argument callable launching :func:`least_work_kernel` once on its own small tensors
+    (a 4096-row fp32 cos/sin cache of 64 lanes), dependent on the launch before it where the GPU
+    has programmatic dependent launch."""
+    import torch
+
     pdl = torch.cuda.get_device_capability(device)[0] >= 9
     options = {"launch_pdl": True} if pdl else {}
     positions = torch.zeros(1, dtype=torch.int64, device=device)
     cos_sin, out = torch.rand(4096, 64, device=device), torch.empty(64, device=device)
+    kernel = least_work_kernel()
+    return lambda: kernel[(1,)](positions, cos_sin, out, R=64, WORK=work, PDL=pdl, **options)
 
+
+def floor_launches(timer, device) -> dict:
+    """One-call-a-graph microseconds of two launches doing the least this op's launches do:
+    ``empty`` (two kernels that return) and ``chain`` (two :func:`least_work_launch` kernels),
+    each pair's second kernel launched dependent on the first as ours is."""
     def two(work: bool):
+        launch = least_work_launch(device, work)
+
         def run():
-            for _ in range(2):
-                least[(1,)](positions, cos_sin, out, R=64, WORK=work, PDL=pdl, **options)
+            launch()
+            launch()
         return run
 
     return {"empty": timer(two(False)), "chain": timer(two(True))}
