@@ -17,6 +17,11 @@ plain contiguous copy and a copy with the launch's own access pattern and no mat
 ``nope + R`` lanes; the prologue reads ``qkv_lora``'s rows and writes ``q_c``, ``kv_c``, ``k_pe`` and
 the cache row at the token's slot). Where the pattern copy is itself slower than the contiguous
 one, that gap is the access pattern's, not the math's.
+
+``--both`` times, instead of each launch apart, both launches in one call (the benchmark's
+``ours``) under each of the prologue's candidate plans, the q side under its own plan
+(:func:`both_launches`), one call a graph and ``AMORTISED_CALLS`` calls a graph, the current plan
+first: an A/B of a prologue plan as the benchmark would see it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from vllm_ascend_ext.bench.cases import make_mla_case
+from vllm_ascend_ext.bench.catalog import AMORTISED_CALLS
 from vllm_ascend_ext.bench.timing import Timer, copy_calls, copy_replay
 from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla, tiling, validation_mla
 from vllm_ascend_ext.ops.device import cuda_facts
@@ -135,6 +141,16 @@ def two_copies(device, timer, nbytes: tuple[int, int]) -> float:
     return min(timer(lambda a=a, b=b: (a(), b())) for a, b in zip(first, second))
 
 
+def both_launches(prologue, q_side, plan: MLAPlan):
+    """One call of both launches (zero-argument callables), the prologue under ``plan`` and the q side
+    under the plan it would get (the forced plan is dropped before it runs)."""
+    def run():
+        with tiling.forced(plan=plan):
+            prologue()
+        q_side()
+    return run
+
+
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
@@ -164,6 +180,8 @@ def main() -> int:
                         help="q_c's chunk (2048: the 1536-lane row held whole, masked)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays a timing")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--both", action="store_true",
+                        help="no per-launch sweep: both launches in one call under each prologue candidate")
     parser.add_argument("--floor", action="store_true",
                         help="no sweep: each launch against the contiguous copy and its no-math pattern copy")
     args = parser.parse_args()
@@ -200,6 +218,18 @@ def main() -> int:
                       f"{ours / floor:.2f}x pattern)", flush=True)
                 records.append(dict(model=name, tp=tp, tokens=tokens, launch=launch, copy_us=copy,
                                     pattern_us=floor, us=ours))
+            continue
+        if args.both:
+            current = cuda.mla_plan_for_tokens(prologue_shape, facts, tokens)
+            for plan in [current, *_candidates(current, False, facts, args)]:
+                run = both_launches(launches[0][3], launches[1][3], plan)
+                one, amortised = timer(run), timer(run, AMORTISED_CALLS)
+                print(f"{name} tp{tp} T={tokens} both launches, prologue {plan.block_tokens}t/{plan.q_chunk}q/"
+                      f"{plan.num_warps}w/{plan.max_programs // facts.num_sms}ps/{plan.max_registers}r"
+                      f"{' (current)' * (plan == current)}: {one:.2f} us one call, {amortised:.2f} per call "
+                      f"over {AMORTISED_CALLS}", flush=True)
+                records.append(dict(model=name, tp=tp, tokens=tokens, launch="both", us=one, amortised_us=amortised,
+                                    current=plan == current, **dataclasses.asdict(plan)))
             continue
         for launch, shape, size, fn in launches:
             copy = copy_replay(device, timer, size)

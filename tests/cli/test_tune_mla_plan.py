@@ -10,6 +10,7 @@ import torch
 
 from vllm_ascend_ext.bench import cases
 from vllm_ascend_ext.ops import device as device_facts
+from vllm_ascend_ext.ops import tiling
 from vllm_ascend_ext.ops.models import mla_model
 from vllm_ascend_ext.ops.tiling import cuda
 
@@ -91,3 +92,15 @@ def test_refuses_without_a_gpu():
         pytest.skip("a GPU is here: the script would run the sweep")
     out = subprocess.run([sys.executable, "-P", str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "needs a CUDA GPU" in out.stderr
+
+
+def test_both_launches_forces_the_plan_on_the_prologue_only(tune):
+    """``--both``: the candidate plan is forced while the prologue runs and dropped before the q side."""
+    plan = tiling.MLAPlan(block_tokens=2, block_heads=1, q_chunk=512, kv_chunk=512, max_programs=8, num_warps=2,
+                        max_registers=64)
+    seen = []
+    run = tune.both_launches(lambda: seen.append(("prologue", tiling._forced_plan)),
+                             lambda: seen.append(("q_side", tiling._forced_plan)), plan)
+    run()
+    run()
+    assert seen == [("prologue", plan), ("q_side", None)] * 2
