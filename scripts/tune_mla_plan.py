@@ -180,10 +180,11 @@ def main() -> int:
                         help="q_c's chunk (2048: the 1536-lane row held whole, masked)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays a timing")
     parser.add_argument("--json", help="write every measurement here")
-    parser.add_argument("--both", action="store_true",
-                        help="no per-launch sweep: both launches in one call under each prologue candidate")
-    parser.add_argument("--floor", action="store_true",
-                        help="no sweep: each launch against the contiguous copy and its no-math pattern copy")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--both", action="store_true",
+                      help="no per-launch sweep: both launches in one call under each prologue candidate")
+    mode.add_argument("--floor", action="store_true",
+                      help="no sweep: each launch against the contiguous copy and its no-math pattern copy")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_mla_plan: needs a CUDA GPU", file=sys.stderr)

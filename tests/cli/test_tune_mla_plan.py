@@ -97,7 +97,7 @@ def test_refuses_without_a_gpu():
 def test_both_launches_forces_the_plan_on_the_prologue_only(tune):
     """``--both``: the candidate plan is forced while the prologue runs and dropped before the q side."""
     plan = tiling.MLAPlan(block_tokens=2, block_heads=1, q_chunk=512, kv_chunk=512, max_programs=8, num_warps=2,
-                        max_registers=64)
+                          max_registers=64)
     seen = []
     run = tune.both_launches(lambda: seen.append(("prologue", tiling._forced_plan)),
                              lambda: seen.append(("q_side", tiling._forced_plan)), plan)
