@@ -151,6 +151,12 @@ def both_launches(prologue, q_side, plan: MLAPlan):
     return run
 
 
+def _label(plan: MLAPlan, facts) -> str:
+    """A plan as the printed lines name it: tokens, heads, q_c chunk, warps, programs an SM, register cap."""
+    return (f"{plan.block_tokens}t/{plan.block_heads}h/{plan.q_chunk}q/{plan.num_warps}w/"
+            f"{plan.max_programs // facts.num_sms}ps/{plan.max_registers}r")
+
+
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
@@ -224,9 +230,12 @@ def main() -> int:
             current = cuda.mla_plan_for_tokens(prologue_shape, facts, tokens)
             for plan in [current, *_candidates(current, False, facts, args)]:
                 run = both_launches(launches[0][3], launches[1][3], plan)
-                one, amortised = timer(run), timer(run, AMORTISED_CALLS)
-                print(f"{name} tp{tp} T={tokens} both launches, prologue {plan.block_tokens}t/{plan.q_chunk}q/"
-                      f"{plan.num_warps}w/{plan.max_programs // facts.num_sms}ps/{plan.max_registers}r"
+                try:
+                    one, amortised = timer(run), timer(run, AMORTISED_CALLS)
+                except (CompilationError, OutOfResources, RuntimeError) as exc:  # reported, not fatal
+                    print(f"  both {plan}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                    continue
+                print(f"{name} tp{tp} T={tokens} both launches, prologue {_label(plan, facts)}"
                       f"{' (current)' * (plan == current)}: {one:.2f} us one call, {amortised:.2f} per call "
                       f"over {AMORTISED_CALLS}", flush=True)
                 records.append(dict(model=name, tp=tp, tokens=tokens, launch="both", us=one, amortised_us=amortised,
@@ -244,11 +253,8 @@ def main() -> int:
                         print(f"  {launch} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
             best = min(timings, key=timings.get)
             print(f"{name} tp{tp} T={tokens} {launch}: copy {copy:.2f} us; current {timings[current]:.2f} "
-                  f"({timings[current] / copy:.2f}x) {current.block_tokens}t/{current.block_heads}h/"
-                  f"{current.q_chunk}q/{current.num_warps}w/{current.max_programs // facts.num_sms}ps/"
-                  f"{current.max_registers}r; best {timings[best]:.2f} ({timings[best] / copy:.2f}x) "
-                  f"{best.block_tokens}t/{best.block_heads}h/{best.q_chunk}q/{best.num_warps}w/"
-                  f"{best.max_programs // facts.num_sms}ps/{best.max_registers}r", flush=True)
+                  f"({timings[current] / copy:.2f}x) {_label(current, facts)}; best {timings[best]:.2f} "
+                  f"({timings[best] / copy:.2f}x) {_label(best, facts)}", flush=True)
             records += [dict(model=name, tp=tp, tokens=tokens, launch=launch, copy_us=copy, us=us,
                              current=plan == current, **dataclasses.asdict(plan)) for plan, us in timings.items()]
     if args.json:

@@ -43,6 +43,7 @@ def test_candidates_vary_what_the_flags_say(tune):
     assert {(p.block_tokens, p.q_chunk, p.max_programs, p.max_registers) for p in plans} == {
         (t, c, s * 132, r) for t in (2, 4) for c in (512, 2048) for s in (8, 16) for r in (0, 96)}
     assert {p.launch_options.get("maxnreg") for p in plans} == {None, 96}
+    assert tune._label(cuda.mla_plan(prologue, facts), facts) == "4t/1h/512q/2w/16ps/0r"  # as results/*.txt name it
     q_plans = tune._candidates(cuda.mla_plan(q_side, facts), True, facts, flags)
     assert {(p.block_tokens, p.block_heads, p.num_warps) for p in q_plans} == {
         (t, h, 4) for t in (1, 2) for h in (4, 8)}
