@@ -48,21 +48,23 @@ Tiling
 ------
 The prologue's tiles are ``BLOCK_T`` tokens of one arm: q_c's norm, or the kv arm (kv_c's norm, k_pe's
 rotation, the cache stores), so a token block is two tiles and neither mask mixes the two rows.
-A row of more than the plan's chunk (q_c's 1536 lanes in chunks of 512) is summed chunk by chunk in
-a first pass and loaded again to be scaled and stored in a second (as the GQA kernel's chunked
-tail). The rotary lanes are held as two halves: NeoX's two contiguous blocks, or GPT-J's pairs as
-one contiguous block split in registers (``[.., R/2, 2]``). Every tile is ``[BLOCK_T, heads, lanes]``
-(one head in the prologue), so the GQA kernel's store helper serves every store. The q side's tiles
-are ``BLOCK_T`` tokens x ``BLOCK_H`` heads of the rotary lanes. Programs walk the tiles grid-stride
-and the token count is a run-time argument: one compiled kernel per layer geometry serves every
-batch size. The cos/sin rows are gathered as one 2-D load addressed by positions loaded as a
-vector (no scalar read back from a tile in flight). A tile's loads that wait on nothing (its rows,
-the positions) come first in the code, then the cos/sin rows, then the math and the stores: a
-warp issues in order, and at one token a tile the chain of trips to memory is the time. Tile
-sizes, chunks and grid come from ``ops/tiling`` (:func:`~.tiling.mla_plan_for`). With ``PDL`` (a
-CUDA plan's choice, as the GQA kernel's) each program waits for the grid before it and lets the
-next one launch (:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch
-overlaps the end of the kernel before it.
+A row of more than the plan's chunk (q_c's 1536 lanes in chunks of 512) is squared chunk by chunk
+in a first pass, the squares summed lane by lane and reduced once, and loaded again to be scaled
+and stored in a second (as the GQA kernel's chunked tail). The rotary lanes are held as two
+halves: NeoX's two contiguous blocks, or GPT-J's pairs as one contiguous block split in registers
+(``[.., R/2, 2]``). Every tile is ``[BLOCK_T, heads, lanes]`` (one head in the prologue), so the
+GQA kernel's store helper serves every store. The q side's tiles are ``BLOCK_T`` tokens x
+``BLOCK_H`` heads of the rotary lanes. Programs walk the tiles grid-stride (a plan with
+``one_tile`` has a program a tile, ``ONE_TILE``) and the token count is a run-time argument: one
+compiled kernel per plan serves every batch size. The cos/sin rows are gathered as one 2-D load
+addressed by positions loaded as a vector (no scalar read back from a tile in flight). A tile's
+loads that wait on nothing (its rows, the positions) come first in the code, then the cos/sin
+rows, then the math and the stores: a warp issues in order, and at one token a tile the chain of
+trips to memory is the time. Tile sizes, chunks and grid come from ``ops/tiling``
+(:func:`~.tiling.mla_plan_for`). With ``PDL`` (a CUDA plan's choice, as the GQA kernel's) each
+program waits for the grid before it and lets the next one launch
+(:func:`~.split_qkv_rmsnorm_rope.grid_dependency`), so the q side's launch overlaps the end of the
+kernel before it.
 
 Not served
 ----------
@@ -105,9 +107,10 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
     """RMS-normalise one row of ``WIDTH`` lanes per token: ``src``/``dst``/``kv_base`` are
     ``[BLOCK_T, 1, 1]`` pointers at each row's lane 0 (the output's, the cache's), ``row_ok`` and
     ``kv_ok`` ``[BLOCK_T, 1, 1]`` masks (a padding slot: ``kv_ok`` off). In ``CHUNKS`` chunks of
-    ``CHUNK`` lanes: one is held from load to store; more are summed in a first pass and loaded
-    again in the second, chunk ``c + 1`` before chunk ``c`` is stored. With ``KV`` each value is also
-    stored into the cache (the output's rounding, then :func:`store`'s cast or quantisation)."""
+    ``CHUNK`` lanes: one is held from load to store; more are squared in a first pass (one
+    reduction) and loaded again in the second, chunk ``c + 1`` before chunk ``c`` is stored. With
+    ``KV`` each value is also stored into the cache (the output's rounding, then :func:`store`'s
+    cast or quantisation)."""
     j = tl.arange(0, CHUNK)
     head = tl.arange(0, 1)
     head_ok = head < 1
@@ -115,20 +118,27 @@ def _norm_row(src, dst, kv_base, kv_ptr, w_ptr, row_ok, kv_ok, scale_ptr, eps, c
         j_ok = (j < WIDTH)[None, None, :]
         x = tl.load(src + j[None, None, :], mask=row_ok & j_ok, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + j, mask=j < WIDTH, other=0.0).to(tl.float32)
+        # x * w before the reduction: with the weight applied after it, ptxas issued q_c's weight
+        # loads only once the row was in (SASS of the small plan, Triton 3.7.1), two trips to memory
+        # in a row where one will do.
+        xw = x * w[None, None, :]
         rstd = tl.rsqrt(tl.sum(x * x, axis=2) / WIDTH + eps)
-        y = x * rstd[:, :, None] * w[None, None, :]
+        y = xw * rstd[:, :, None]
         if KV:
             y = y.to(dst.dtype.element_ty).to(tl.float32)
         store(dst, kv_base, kv_ptr, j, y, row_ok & j_ok, kv_ok & j_ok, scale_ptr, head, head_ok, 1, chunk_stride, True,
                KV, KV_CHUNK, KV_QUANT, False, WIDTH)
     else:
-        sum_sq = tl.zeros(row_ok.shape, dtype=tl.float32)
+        # The squares summed lane by lane over the chunks, then one reduction: a reduction a chunk
+        # (across warps, through shared memory and a barrier) kept each chunk's loads behind the
+        # one before's reduction, a trip to memory a chunk (SASS of the large plan, Triton 3.7.1).
+        squares = tl.zeros((row_ok.shape[0], 1, CHUNK), dtype=tl.float32)
         for c in tl.static_range(CHUNKS):
             jc = j + c * CHUNK
             xc = tl.load(src + jc[None, None, :], mask=row_ok & (jc < WIDTH)[None, None, :], other=0.0)
             xc = xc.to(tl.float32)
-            sum_sq += tl.sum(xc * xc, axis=2)[:, :, None]
-        rstd = tl.rsqrt(sum_sq / WIDTH + eps)
+            squares += xc * xc
+        rstd = tl.rsqrt(tl.sum(squares, axis=2)[:, :, None] / WIDTH + eps)
         xn = tl.load(src + j[None, None, :], mask=row_ok & (j < WIDTH)[None, None, :], other=0.0)
         wn = tl.load(w_ptr + j, mask=j < WIDTH, other=0.0)
         for c in tl.static_range(CHUNKS):
@@ -263,7 +273,7 @@ def mla_kernel(
     IS_NEOX: tl.constexpr, Q_CHUNK: tl.constexpr, Q_CHUNKS: tl.constexpr, KV_CHUNK: tl.constexpr,
     KV_CHUNKS: tl.constexpr, Q_ROPE: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr, KV_CACHE: tl.constexpr, NOPE_NZ: tl.constexpr, ROPE_NZ: tl.constexpr,
-    NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr, PDL: tl.constexpr,
+    NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     # The prologue: tile = (token block, arm), the q_c arm first when there is a q latent. The q
     # side (Q_ROPE): tile = (token block, block of BLOCK_H heads), q's rotary lanes in place.
@@ -274,7 +284,13 @@ def mla_kernel(
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
     if PDL:
         grid_dependency()
-    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    if ONE_TILE:
+        # The grid has a program a tile (MLAPlan.grid): a loop of one trip, which leaves LLVM no
+        # loop to hoist both arms' address arithmetic out of, ahead of the branch to the arm.
+        last, step = tl.minimum(num_tiles, tl.program_id(0) + 1), 1
+    else:
+        last, step = num_tiles, tl.num_programs(0)
+    for tile in range(tl.program_id(0), last, step):
         head_block = tile % HEAD_BLOCKS
         tok = (tile // HEAD_BLOCKS) * BLOCK_T + tl.arange(0, BLOCK_T)
         tok_ok = tok < num_tokens
@@ -542,7 +558,7 @@ def constexprs(call: validation_mla.MLACall, plan) -> dict:
         # GQA cache write's KV_CHUNK.
         NOPE_NZ=cache.nope.chunk_width if cache else 0, ROPE_NZ=cache.rope.chunk_width if cache else 0,
         NOPE_QUANT=cache.nope_quant if cache else 0, ROPE_QUANT=cache.rope_quant if cache else 0,
-        PDL=plan.dependent_launch,
+        PDL=plan.dependent_launch, ONE_TILE=plan.one_tile,
     )
 
 
