@@ -312,6 +312,7 @@ class MLAPlan:
     ub_capacity: int = 0
     pdl: bool = False  # the kernel's PDL, launched with programmatic dependent launch (CUDA plans)
     max_registers: int = 0  # ptxas's cap on registers a thread (Triton's maxnreg, CUDA plans); 0: no cap
+    one_tile: bool = False  # a program a tile whatever max_programs says, the kernel's loop of one trip
 
     @staticmethod
     def chunks(width: int, chunk: int) -> int:
@@ -356,9 +357,9 @@ class MLAPlan:
     def grid(self, shape: MLAShape, num_tokens: int) -> int:
         """Programs to launch: one per tile, at most ``max_programs`` (grid-stride), a capped grid
         kept off multiples of the tiles per token block (as :meth:`PlanBase.grid`, so that a
-        program does not meet the same arm on every tile it walks)."""
+        program does not meet the same arm on every tile it walks); with ``one_tile`` one per tile."""
         tiles = self.num_tiles(shape, num_tokens)
-        if tiles <= self.max_programs:
+        if tiles <= self.max_programs or self.one_tile:
             return max(1, tiles)
         programs = self.max_programs
         if programs % self.head_blocks(shape) == 0:

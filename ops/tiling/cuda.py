@@ -520,6 +520,11 @@ MLA_SMALL_LANES_PER_WARP = 1024
 #: 13.09 / 12.83 / 8.35 -> 12.83 / 12.83 / 8.16: the small plan wins to T = 1024 (7.8 tokens an
 #: SM) on every row and not at 2048 (15.5); between them it is not measured.
 MLA_SMALL_TOKENS_PER_SM = 8
+#: The small plan's grid is a program a tile (it has no more tiles than ``MLA_PROGRAMS_PER_SM``
+#: programs an SM), so the kernel walks one tile with no loop (``ONE_TILE``): in the loop's
+#: preheader LLVM computed both arms' addresses before the branch to the arm (CPU SASS, Triton
+#: 3.7.1: about 100 instructions before the kv arm's first load, 47 without).
+MLA_SMALL_ONE_TILE = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -561,7 +566,8 @@ def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
 
     q_chunk, kv_chunk = whole(shape.q_lora_rank, large.q_chunk), whole(shape.kv_lora_rank, large.kv_chunk)
     warps = max(1, max(q_chunk, kv_chunk) // MLA_SMALL_LANES_PER_WARP)
-    return replace(large, block_tokens=1, q_chunk=q_chunk, kv_chunk=kv_chunk, num_warps=warps)
+    return replace(large, block_tokens=1, q_chunk=q_chunk, kv_chunk=kv_chunk, num_warps=warps,
+                   one_tile=MLA_SMALL_ONE_TILE)
 
 
 def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> MLAPlan:

@@ -228,6 +228,9 @@ def test_cuda_mla_small_batch_plan(shape):
                                      (shape.kv_lora_rank, large.kv_chunk, small.kv_chunk)):
         assert small_chunk == (next_pow2(rank) if rank else chunk) and small_chunk >= rank
     last = cuda.MLA_SMALL_TOKENS_PER_SM * 132
+    # A program a tile, and the cap would have given the same grid wherever the plan serves.
+    assert small.one_tile and not large.one_tile
+    assert small.grid(shape, last) == small.num_tiles(shape, last) <= small.max_programs
     assert cuda.mla_plan_for_tokens(shape, facts, 1) == small
     assert cuda.mla_plan_for_tokens(shape, facts, last) == small
     assert cuda.mla_plan_for_tokens(shape, facts, last + 1) == large

@@ -17,6 +17,7 @@ that must not be read. The exhaustive grid is marked ``full`` (deselected by def
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -39,6 +40,8 @@ PLANS = ("ascend", "cuda", "cuda-small", "small")
 #: The q side has no small-batch plan of its own.
 Q_PLANS = ("ascend", "cuda", "small")
 SMALL_PLAN = MLAPlan(block_tokens=2, block_heads=2, q_chunk=16, kv_chunk=16, max_programs=3, num_warps=4)
+#: ``SMALL_PLAN`` with a program a tile: past ``max_programs`` tiles its grid still covers them.
+ONE_TILE_PLAN = dataclasses.replace(SMALL_PLAN, one_tile=True)
 #: (q_lora_rank, kv_lora_rank, rope_dim): interpreter-sized rows (40 = 2.5 chunks of the small plan),
 #: the no-q-latent form (V2-Lite) and the no-rope form (Kimi-K3).
 SMALL = (40, 24, 16)
@@ -50,8 +53,8 @@ def plan_of(kind: str, shape: MLAShape, device) -> MLAPlan:
     if kind in ("cuda", "cuda-small"):
         facts = device_facts.cuda_facts(torch.cuda.current_device() if device.type == "cuda" else None)
         return (cuda.mla_plan if kind == "cuda" else cuda.mla_small_plan)(shape, facts)
-    assert kind == "small", kind
-    return SMALL_PLAN
+    assert kind in ("small", "one-tile"), kind
+    return SMALL_PLAN if kind == "small" else ONE_TILE_PLAN
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -154,11 +157,12 @@ def looping_tokens(dims, plan: str, device) -> list[int]:
     return sorted(counts)
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", PLANS + ("one-tile",))
 @pytest.mark.parametrize("dims", [SMALL, NO_Q_LORA, NO_ROPE], ids=["small", "no-q-lora", "no-rope"])
 def test_tile_boundaries(device, poisoned, plan, dims):
-    """Every token count around the plan's tile and across its grid-stride loop, with vLLM's
-    combined cache (random bits, padding slots, slots past T)."""
+    """Every token count around the plan's tile and across its grid-stride loop (or, a program a
+    tile, past its ``max_programs``), with vLLM's combined cache (random bits, padding slots, slots
+    past T)."""
     g = torch.Generator().manual_seed(1)
     for tokens in looping_tokens(dims, plan, device):
         args = make_mla_inputs(*dims, tokens, device=device, generator=g)
