@@ -487,8 +487,9 @@ MLA_TILE_ELEMENTS, MLA_WARPS = 2048, 2
 #: requires 16-byte accesses; not timed below 8 heads).
 MLA_Q_TILE_ELEMENTS, MLA_Q_WARPS = 1024, 4
 #: Programs an SM walking the MLA tiles grid-stride: 16 beat 8 at T = 16384 on every sweep row. This
-#: sizes the grid; the large prologue plan's 128 registers a thread (CPU ptxas) let 8 of its 2-warp
-#: programs run on an SM at once (a cap of 64 with 2 tokens a tile, 16 at once: docs/performance.md).
+#: sizes the grid; the large prologue plan's 124 registers a thread (CPU ptxas; 128 allocated) let 8
+#: of its 2-warp programs run on an SM at once (a cap of 64 with 2 tokens a tile, 16 at once:
+#: docs/performance.md).
 MLA_PROGRAMS_PER_SM = 16
 #: Both MLA launches with programmatic dependent launch where the GPU has it (as ``DEPENDENT_LAUNCH``):
 #: the q side's launch overlaps the end of the prologue's. H200, one lease, ``VLLM_ASCEND_EXT_CUDA_PDL=0``
