@@ -152,15 +152,20 @@ def both_launches(prologue, q_side, plan: MLAPlan):
 
 
 def _label(plan: MLAPlan, facts) -> str:
-    """A plan as the printed lines name it: tokens, heads, q_c chunk, warps, programs an SM, register cap."""
+    """A plan as the printed lines name it: tokens, heads, q_c chunk, warps, programs an SM (``pt``: a
+    program a tile, ``one_tile``), register cap."""
+    programs = "pt" if plan.one_tile else f"{plan.max_programs // facts.num_sms}ps"
     return (f"{plan.block_tokens}t/{plan.block_heads}h/{plan.q_chunk}q/{plan.num_warps}w/"
-            f"{plan.max_programs // facts.num_sms}ps/{plan.max_registers}r")
+            f"{programs}/{plan.max_registers}r")
 
 
 def _candidates(base: MLAPlan, q_side: bool, facts, args) -> list[MLAPlan]:
+    """The sweep's plans around ``base``: its knobs replaced as the flags say (a base with a program a
+    tile keeps that, and its programs an SM: ``--per-sm`` would change nothing)."""
     plans = []
     block_tokens, warps_list = (args.q_block_tokens, args.q_warps) if q_side else (args.block_tokens, args.warps)
-    for tokens, warps, per_sm, cap in itertools.product(block_tokens, warps_list, args.per_sm, args.max_registers):
+    per_sm_list = [base.max_programs // facts.num_sms] if base.one_tile else args.per_sm
+    for tokens, warps, per_sm, cap in itertools.product(block_tokens, warps_list, per_sm_list, args.max_registers):
         common = dict(block_tokens=tokens, num_warps=warps, max_programs=per_sm * facts.num_sms, max_registers=cap)
         if q_side:
             plans += [dataclasses.replace(base, block_heads=h, **common) for h in args.block_heads]

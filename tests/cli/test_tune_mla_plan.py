@@ -44,6 +44,9 @@ def test_candidates_vary_what_the_flags_say(tune):
         (t, c, s * 132, r) for t in (2, 4) for c in (512, 2048) for s in (8, 16) for r in (0, 96)}
     assert {p.launch_options.get("maxnreg") for p in plans} == {None, 96}
     assert tune._label(cuda.mla_plan(prologue, facts), facts) == "4t/1h/512q/2w/16ps/0r"  # as results/*.txt name it
+    small = cuda.mla_small_plan(prologue, facts)  # a program a tile: --per-sm is not swept
+    assert {(p.max_programs, p.one_tile) for p in tune._candidates(small, False, facts, flags)} == {(16 * 132, True)}
+    assert tune._label(small, facts) == "1t/1h/2048q/2w/pt/0r"
     q_plans = tune._candidates(cuda.mla_plan(q_side, facts), True, facts, flags)
     assert {(p.block_tokens, p.block_heads, p.num_warps) for p in q_plans} == {
         (t, h, 4) for t in (1, 2) for h in (4, 8)}
