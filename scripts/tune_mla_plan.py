@@ -151,6 +151,16 @@ def both_launches(prologue, q_side, plan: MLAPlan):
     return run
 
 
+def _timed(timer, fn, launch: str, plan: MLAPlan, calls: tuple[int, ...] = (1,)) -> list[float] | None:
+    """``fn`` timed at each count of calls a graph, or ``None`` where the candidate ``plan`` fails to
+    compile or launch (reported with ``launch``'s name, not fatal: the sweep goes on)."""
+    try:
+        return [timer(fn, n) for n in calls]
+    except (CompilationError, OutOfResources, RuntimeError) as exc:
+        print(f"  {launch} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        return None
+
+
 def _label(plan: MLAPlan, facts) -> str:
     """A plan as the printed lines name it: tokens, heads, q_c chunk, warps, programs an SM (``pt``: a
     program a tile, ``one_tile``), register cap."""
@@ -234,12 +244,11 @@ def main() -> int:
         if args.both:
             current = cuda.mla_plan_for_tokens(prologue_shape, facts, tokens)
             for plan in [current, *_candidates(current, False, facts, args)]:
-                run = both_launches(launches[0][3], launches[1][3], plan)
-                try:
-                    one, amortised = timer(run), timer(run, AMORTISED_CALLS)
-                except (CompilationError, OutOfResources, RuntimeError) as exc:  # reported, not fatal
-                    print(f"  both {plan}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                times = _timed(timer, both_launches(launches[0][3], launches[1][3], plan), "both", plan,
+                               (1, AMORTISED_CALLS))
+                if times is None:
                     continue
+                one, amortised = times
                 print(f"{name} tp{tp} T={tokens} both launches, prologue {_label(plan, facts)}"
                       f"{' (current)' * (plan == current)}: {one:.2f} us one call, {amortised:.2f} per call "
                       f"over {AMORTISED_CALLS}", flush=True)
@@ -252,10 +261,9 @@ def main() -> int:
             timings = {}
             for plan in [current, *_candidates(current, shape.q_rope, facts, args)]:
                 with tiling.forced(plan=plan):
-                    try:
-                        timings[plan] = timer(fn)
-                    except (CompilationError, OutOfResources, RuntimeError) as exc:  # reported, not fatal
-                        print(f"  {launch} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                    times = _timed(timer, fn, launch, plan)
+                if times is not None:
+                    timings[plan] = times[0]
             best = min(timings, key=timings.get)
             print(f"{name} tp{tp} T={tokens} {launch}: copy {copy:.2f} us; current {timings[current]:.2f} "
                   f"({timings[current] / copy:.2f}x) {_label(current, facts)}; best {timings[best]:.2f} "

@@ -12,7 +12,7 @@ from vllm_ascend_ext.bench import cases
 from vllm_ascend_ext.ops import device as device_facts
 from vllm_ascend_ext.ops import tiling
 from vllm_ascend_ext.ops.models import mla_model
-from vllm_ascend_ext.ops.tiling import cuda
+from vllm_ascend_ext.ops.tiling import MLAShape, cuda
 
 from cli_helpers import SCRIPTS, load_script
 
@@ -108,3 +108,16 @@ def test_both_launches_forces_the_plan_on_the_prologue_only(tune):
     run()
     run()
     assert seen == [("prologue", plan), ("q_side", None)] * 2
+
+
+def test_a_failing_candidate_is_reported_and_skipped(tune, capsys):
+    """The sweep and ``--both`` time a candidate through ``_timed``: its times at each count of calls,
+    or ``None`` and one line naming the launch and the error when it fails to compile or launch."""
+    plan = cuda.mla_plan(MLAShape(0, 512, 64, 2, 4), device_facts.CudaFacts(name="test", num_sms=132, source="test"))
+    assert tune._timed(lambda fn, n: 1.5 * n, lambda: None, "prologue", plan, (1, 20)) == [1.5, 30.0]
+
+    def broken(fn, n):
+        raise RuntimeError("out of registers\nmore")
+    assert tune._timed(broken, lambda: None, "both", plan) is None
+    line = capsys.readouterr().out
+    assert line.startswith("  both MLAPlan(") and line.endswith("RuntimeError: out of registers\n")
