@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "next_pow2", "prev_pow2"]
+__all__ = ["KernelShape", "MLAPlan", "MLAShape", "PlanBase", "SumsPlan", "launch_options", "next_pow2",
+           "prev_pow2"]
 
 
 def next_pow2(n: int) -> int:
@@ -17,6 +18,17 @@ def next_pow2(n: int) -> int:
 def prev_pow2(n: int) -> int:
     """Largest power of two <= ``n`` (1 for ``n <= 1``)."""
     return 1 if n <= 1 else 1 << (n.bit_length() - 1)
+
+
+def launch_options(num_warps: int | None, max_registers: int = 0, pdl: bool = False) -> dict:
+    """A plan's keyword arguments of a Triton launch: ``num_warps`` (``None``: Triton's default),
+    ``maxnreg`` where registers are capped, ``launch_pdl`` with programmatic dependent launch."""
+    options = {} if num_warps is None else {"num_warps": num_warps}
+    if max_registers:
+        options["maxnreg"] = max_registers
+    if pdl:
+        options["launch_pdl"] = True
+    return options
 
 
 @dataclass(frozen=True)
@@ -245,7 +257,7 @@ class SumsPlan:
 
     @property
     def launch_options(self) -> dict:
-        return {} if self.num_warps is None else {"num_warps": self.num_warps}
+        return launch_options(self.num_warps)
 
     def grid(self, num_tokens: int) -> int:
         """Programs to launch: one per token block, at most ``max_programs``."""
@@ -344,12 +356,7 @@ class MLAPlan:
 
     @property
     def launch_options(self) -> dict:
-        options = {} if self.num_warps is None else {"num_warps": self.num_warps}
-        if self.max_registers:
-            options["maxnreg"] = self.max_registers
-        if self.pdl:
-            options["launch_pdl"] = True
-        return options
+        return launch_options(self.num_warps, self.max_registers, self.pdl)
 
     def num_tiles(self, shape: MLAShape, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens) * self.head_blocks(shape)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, launch_options, next_pow2, prev_pow2
 from ..device import CudaFacts
 
 __all__ = ["CudaPlan", "mla_plan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
@@ -322,12 +322,7 @@ class CudaPlan(PlanBase):
 
     @property
     def launch_options(self) -> dict:
-        options = {"num_warps": self.num_warps}
-        if self.max_registers:
-            options["maxnreg"] = self.max_registers
-        if self.pdl:
-            options["launch_pdl"] = True
-        return options
+        return launch_options(self.num_warps, self.max_registers, self.pdl)
 
 
 @functools.lru_cache(maxsize=None)
