@@ -113,14 +113,15 @@ def kv_cache_call(geometry, dtype: str, cos_sin_dtype: str, *, layout: str, cach
 
 def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool = False, form: str | None = None,
              layout: str = "nd", kv_cache_dtype: str = "auto", storage: str | None = None, is_neox: bool | None = None,
-             rope_dim: int | None = None):
+             rope_dim: int | None = None, with_q: bool = False):
     """The :class:`~.validation_mla.MLACall` of one MLA call on ``spec`` (an ``ops.models.MLASpec``),
     validated by the op's own validator on ``meta`` tensors: ``q_side``, ``mla_q_rope_`` on
     ``[1, heads, nope + rope]``; else ``split_qkv_rmsnorm_rope_mla``, with the cache ``form``
     (``None``: none; ``"combined"``: vLLM's ``[4, 16, Lkv + R]``; ``"split"``: the pair in
     ``layout``) of ``kv_cache_dtype``, the cache's element type ``storage`` (a key of
     :data:`TRITON_DTYPES`, or ``"uint8"``; default: ``dtype``, int8 for ``"int8"``'s latent, uint8
-    for ``"fp8"``). ``is_neox`` and ``rope_dim`` override the spec's."""
+    for ``"fp8"``). ``is_neox`` and ``rope_dim`` override the spec's. ``with_q`` (no q latent): the
+    prologue also rotates ``q [1, heads, nope + rope]``."""
     import torch
 
     from . import validation_mla
@@ -157,4 +158,4 @@ def mla_call(spec, heads: int, dtype: str, cos_sin_dtype: str, *, q_side: bool =
     return validation_mla.split_qkv_rmsnorm_rope_mla(
         meta((1, lq + lkv + r), dtype), meta((lq,), dtype) if lq else None, meta((lkv,), dtype), cos, positions,
         lq, lkv, r, spec.eps, is_neox=neox, kv_cache=kv_cache, slot_mapping=slots, kv_cache_dtype=kv_cache_dtype,
-        k_scale=scale, cache_layout=layout)
+        k_scale=scale, cache_layout=layout, q=meta((1, heads, spec.nope_dim + r), dtype) if with_q else None)

@@ -388,6 +388,7 @@ class MLAVariant:
     kv_cache_dtype: str = "auto"
     is_neox: bool | None = None
     no_rope: bool = False
+    with_q: bool = False  # the prologue rotating q too (no q latent)
 
 
 @dataclass(frozen=True)
@@ -409,6 +410,9 @@ class MLARow:
 MLA_FORMS = (MLAVariant(""), MLAVariant("kv combined", form="combined"), MLAVariant("kv split nd", form="split"),
              MLAVariant("kv split nz", form="split", layout="nz"),
              MLAVariant("kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"))
+#: Without a q latent, the prologue rotating q too, as the MLA step calls it.
+MLA_Q_FORMS = (MLAVariant("kv combined", form="combined", with_q=True),
+               MLAVariant("kv split nz", form="split", layout="nz", with_q=True))
 #: ... and on DeepSeek-V3 the variants the table's bf16 GPT-J rows do not reach.
 MLA_EXTRA = (MLAVariant("neox", is_neox=True), MLAVariant("fp16, bf16 cos/sin", dtype="fp16", cos_dtype="bf16"),
              MLAVariant("fp32, kv split nz", dtype="fp32", form="split", layout="nz"),
@@ -418,7 +422,8 @@ MLA_EXTRA = (MLAVariant("neox", is_neox=True), MLAVariant("fp16, bf16 cos/sin", 
 
 def mla_jobs() -> list[tuple[str, MLARow, MLAVariant]]:
     """The MLA plans the check lowers: each model's prologue in :data:`MLA_FORMS` (once: the same at
-    every TP size), its q side at each TP size (the heads shard), and :data:`MLA_EXTRA` on
+    every TP size), its q side at each TP size (the heads shard), without a q latent its prologue
+    rotating q (with the combined cache and the NZ pair) at each TP size, and :data:`MLA_EXTRA` on
     DeepSeek-V3 at TP 1."""
     jobs: list = []
     for spec in MLA_MODELS:
@@ -426,6 +431,9 @@ def mla_jobs() -> list[tuple[str, MLARow, MLAVariant]]:
         jobs += [(f"{spec.name} tp* [mla{', ' + v.name if v.name else ''}]", whole, v) for v in MLA_FORMS]
         jobs += [(f"{spec.name} tp{tp} [mla q side]", MLARow(spec, spec.heads_at(tp)), MLAVariant("q", q_side=True))
                  for tp in spec.tp_sizes]
+        if not spec.q_lora_rank:
+            jobs += [(f"{spec.name} tp{tp} [mla with q, {v.name}]", MLARow(spec, spec.heads_at(tp)), v)
+                     for tp in spec.tp_sizes for v in MLA_Q_FORMS]
     v3 = mla_model("DeepSeek-V3")
     jobs += [(f"DeepSeek-V3 tp1 [mla {v.name}]", MLARow(v3, v3.heads_at(1)), v) for v in MLA_EXTRA]
     return jobs
@@ -439,7 +447,7 @@ def _mla_kernel_of(row: MLARow, variant: MLAVariant, facts):
 
     call = mla_call(row.spec, row.heads, variant.dtype, variant.cos_dtype, q_side=variant.q_side, form=variant.form,
                     layout=variant.layout, kv_cache_dtype=variant.kv_cache_dtype, is_neox=variant.is_neox,
-                    rope_dim=0 if variant.no_rope else None)
+                    rope_dim=0 if variant.no_rope else None, with_q=variant.with_q)
     plan = ascend.mla_plan(call.shape, facts)
     nope = "int8" if variant.kv_cache_dtype == "int8" else variant.dtype
     signature = signature(TRITON_DTYPES[variant.dtype], TRITON_DTYPES[variant.cos_dtype], TRITON_DTYPES[nope],

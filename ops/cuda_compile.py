@@ -290,13 +290,13 @@ def _cache_store_problems(kv: KVForm, row: dict, without: dict, no_kv_out: dict)
 
 #: Arguments of the MLA kernel a real launch passes divisible by 16: the tensors and the row strides
 #: of the outputs (new contiguous tensors of 1536, 512, 64 lanes) and of the caches, the rope part's
-#: offset in the combined cache (512) and, on the q side, q's head stride (192) and the rope lanes'
-#: column (128), for every model of the MLA table.
-_MLA_DIVISIBLE = ("x_ptr", "q_c_ptr", "kv_c_ptr", "k_pe_ptr", "q_w_ptr", "kv_w_ptr", "cache_ptr", "pos_ptr",
+#: offset in the combined cache (512) and q's token stride (a multiple of 192), head stride (192)
+#: and the rope lanes' column (128), for every model of the MLA table.
+_MLA_DIVISIBLE = ("x_ptr", "q_ptr", "q_c_ptr", "kv_c_ptr", "k_pe_ptr", "q_w_ptr", "kv_w_ptr", "cache_ptr", "pos_ptr",
                   "nope_cache_ptr", "rope_cache_ptr", "slot_ptr", "scale_ptr", "x_stride", "q_c_stride",
                   "kv_c_stride", "k_pe_stride", "cache_stride", "nope_block_stride", "nope_slot_stride",
                   "rope_block_stride", "rope_slot_stride", "nope_chunk_stride", "rope_chunk_stride",
-                  "rope_offset", "x_head_stride", "rope_col")
+                  "rope_offset", "q_stride", "q_head_stride", "q_rope_col")
 
 
 @dataclass(frozen=True)
@@ -311,6 +311,7 @@ class MLAForm:
     layout: str = "nd"
     kv_cache_dtype: str = "auto"
     small: bool = False  # the prologue's small-batch plan (cuda.mla_small_plan)
+    with_q: bool = False  # the prologue rotating q too (no q latent)
 
 
 #: The prologue's forms (the same kernel at every TP size: the latent is replicated): no cache,
@@ -321,16 +322,23 @@ MLA_FORMS = (MLAForm("mla"), MLAForm("mla, kv combined", form="combined"),
              MLAForm("mla, kv split nd", form="split"),
              MLAForm("mla, kv split nz int8", form="split", layout="nz", kv_cache_dtype="int8"),
              MLAForm("mla small batch, kv combined", form="combined", small=True))
+#: Without a q latent, the prologue as the MLA step calls it: rotating q too (the q heads shard, so
+#: at each TP size), with the combined cache, both plans.
+MLA_Q_FORMS = (MLAForm("mla with q, kv combined", form="combined", with_q=True),
+               MLAForm("mla small batch with q, kv combined", form="combined", small=True, with_q=True))
 
 
 def mla_jobs() -> list[tuple[str, object, int, MLAForm]]:
     """``(label, spec, heads, form)``: each model's prologue in :data:`MLA_FORMS`, its q side at
-    each TP size."""
+    each TP size, and without a q latent its prologue rotating q (:data:`MLA_Q_FORMS`) at each."""
     jobs = []
     for spec in MLA_MODELS:
         jobs += [(f"{spec.name} tp* [{f.name}]", spec, spec.heads_at(1), f) for f in MLA_FORMS]
         jobs += [(f"{spec.name} tp{tp} [mla q side]", spec, spec.heads_at(tp), MLAForm("q", q_side=True))
                  for tp in spec.tp_sizes]
+        if not spec.q_lora_rank:
+            jobs += [(f"{spec.name} tp{tp} [{f.name}]", spec, spec.heads_at(tp), f)
+                     for tp in spec.tp_sizes for f in MLA_Q_FORMS]
     return jobs
 
 
@@ -340,7 +348,7 @@ def _mla_kernel_of(spec, heads: int, form: MLAForm):
 
     storage = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else None
     call = mla_call(spec, heads, "bf16", "fp32", q_side=form.q_side, form=form.form, layout=form.layout,
-                    kv_cache_dtype=form.kv_cache_dtype, storage=storage)
+                    kv_cache_dtype=form.kv_cache_dtype, storage=storage, with_q=form.with_q)
     plan = (cuda.mla_small_plan if form.small else cuda.mla_plan)(call.shape, _sm90_facts())
     nope = {"auto": "bf16", "int8": "int8", "fp8": "fp8_e4m3"}[form.kv_cache_dtype]
     rope = "fp8_e4m3" if form.kv_cache_dtype == "fp8" else "bf16"

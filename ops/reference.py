@@ -394,7 +394,8 @@ def _rotate_last(x: torch.Tensor, cos_sin_cache, positions, rope_dim: int, is_ne
 def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
                                kv_lora_rank, rope_dim, eps=1e-6, *, is_neox=False, **cache_arguments):
     """The outputs of ``split_qkv_rmsnorm_rope_mla`` in float64 (the op's signature; the cache
-    arguments are ignored: :func:`mla_cache_write` gives the cache).
+    arguments and ``q`` are ignored: :func:`mla_cache_write` gives the cache, :func:`mla_q_rope` what
+    the op leaves in a ``q`` it is given).
 
     ``q_c = x / sqrt(mean(x**2) + eps) * q_a_weight`` over the first ``q_lora_rank`` columns (empty
     when 0), ``kv_c_normed`` likewise over the next ``kv_lora_rank`` with ``kv_a_weight``, ``k_pe``

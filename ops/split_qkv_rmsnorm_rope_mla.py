@@ -1,6 +1,7 @@
 """The MLA attention prologue (DeepSeek-V2/V3, Kimi-K2): split the fused ``q_a``/``kv_a`` projection,
 RMS-normalise the q latent and the kv latent, rotate ``k_pe``, write vLLM's MLA cache; and, after
-``q_b_proj``, rotate ``q_pe`` in place. One Triton kernel, two launches.
+``q_b_proj``, rotate ``q_pe`` in place. One Triton kernel, two launches; one without a q latent,
+where q (``q_proj``'s output) is there before the prologue and is rotated in its launch.
 
 Layout
 ------
@@ -42,7 +43,8 @@ is touched.
 
 The q side (:func:`mla_q_rope_`): ``q`` ``[T, H, D]`` (any token and head strides, contiguous
 lanes; ``q_b_proj``'s output viewed per head), ``q[t, h, D-R:]`` rotated in place as k_pe is;
-``q[..., :D-R]`` (q_nope) is neither read nor written.
+``q[..., :D-R]`` (q_nope) is neither read nor written. Without a q latent the prologue takes the
+same ``q`` (its keyword ``q``) and rotates it the same way in its own launch.
 
 Tiling
 ------
@@ -54,7 +56,8 @@ and stored in a second (as the GQA kernel's chunked tail). The rotary lanes are 
 halves: NeoX's two contiguous blocks, or GPT-J's pairs as one contiguous block split in registers
 (``[.., R/2, 2]``). Every tile is ``[BLOCK_T, heads, lanes]`` (one head in the prologue), so the
 GQA kernel's store helper serves every store. The q side's tiles are ``BLOCK_T`` tokens x
-``BLOCK_H`` heads of the rotary lanes. Programs walk the tiles grid-stride (a plan with
+``BLOCK_H`` heads of the rotary lanes; a prologue given q has such tiles too, after its kv arm
+(``BLOCK_H`` heads as its widest latent chunk holds). Programs walk the tiles grid-stride (a plan with
 ``one_tile`` has a program a tile, ``ONE_TILE``) and the token count is a run-time argument: one
 compiled kernel per plan serves every batch size. The cos/sin rows are gathered as one 2-D load
 addressed by positions loaded as a vector (no scalar read back from a tile in flight). A tile's
@@ -262,11 +265,27 @@ def _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_
                     rope_chunk_stride, HALF, HALF_PAD, IS_NEOX, KV_CACHE, ROPE_NZ, ROPE_QUANT)
 
 
+@triton.jit
+def _q_arm(q_ptr, tok64, tok_ok, head_block, pos_ptr, cache_ptr, scale_ptr, max_position, q_stride, q_head_stride,
+           q_rope_col, cache_stride, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+           HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr):
+    """A token block's q heads ``head_block * BLOCK_H ..``: their rotary lanes (from column
+    ``q_rope_col``) rotated in place. The lanes are loaded first, then the positions and the
+    cos/sin rows that wait on them (the q side's chain: two trips to memory)."""
+    head = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    rows_ok = tok_ok[:, None, None] & (head < NUM_HEADS)[None, :, None]
+    src = q_ptr + (tok64 * q_stride)[:, None, None] + (head.to(tl.int64) * q_head_stride)[None, :, None] + q_rope_col
+    a, b = _rope_load(src, rows_ok, HALF, HALF_PAD, IS_NEOX)
+    pos = tl.load(pos_ptr + tok64, mask=tok_ok, other=0)
+    cos, sin = _cos_sin(cache_ptr, pos, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
+    _rope_block(a, b, src, src, q_ptr, rows_ok, rows_ok, cos, sin, scale_ptr, 0, HALF, HALF_PAD, IS_NEOX, False, 0, 0)
+
+
 @triton.jit(do_not_specialize=["num_tokens", "max_position"])
 def mla_kernel(
-    x_ptr, q_c_ptr, kv_c_ptr, k_pe_ptr, q_w_ptr, kv_w_ptr, cache_ptr, pos_ptr,
+    x_ptr, q_ptr, q_c_ptr, kv_c_ptr, k_pe_ptr, q_w_ptr, kv_w_ptr, cache_ptr, pos_ptr,
     nope_cache_ptr, rope_cache_ptr, slot_ptr, scale_ptr,
-    num_tokens, max_position, x_stride, x_head_stride, rope_col, q_c_stride, kv_c_stride, k_pe_stride,
+    num_tokens, max_position, x_stride, q_stride, q_head_stride, q_rope_col, q_c_stride, kv_c_stride, k_pe_stride,
     cache_stride, eps, block_size, nope_block_stride, nope_slot_stride, nope_chunk_stride,
     rope_block_stride, rope_slot_stride, rope_chunk_stride, rope_offset,
     Q_LORA: tl.constexpr, KV_LORA: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
@@ -275,12 +294,13 @@ def mla_kernel(
     BLOCK_H: tl.constexpr, KV_CACHE: tl.constexpr, NOPE_NZ: tl.constexpr, ROPE_NZ: tl.constexpr,
     NOPE_QUANT: tl.constexpr, ROPE_QUANT: tl.constexpr, PDL: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
-    # The prologue: tile = (token block, arm), the q_c arm first when there is a q latent. The q
-    # side (Q_ROPE): tile = (token block, block of BLOCK_H heads), q's rotary lanes in place.
+    # The prologue: tile = (token block, arm), the q_c arm first when there is a q latent; without
+    # one and with q given (NUM_HEADS > 0), the kv arm then q's blocks of BLOCK_H heads. The q side
+    # (Q_ROPE): tile = (token block, block of BLOCK_H heads), q's rotary lanes in place.
     if Q_ROPE:
         HEAD_BLOCKS: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     else:
-        HEAD_BLOCKS: tl.constexpr = (1 if Q_LORA > 0 else 0) + 1
+        HEAD_BLOCKS: tl.constexpr = (1 if Q_LORA > 0 else 0) + 1 + (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
     num_tiles = tl.cdiv(num_tokens, BLOCK_T) * HEAD_BLOCKS
     if PDL:
         grid_dependency()
@@ -297,14 +317,8 @@ def mla_kernel(
         tok64 = tok.to(tl.int64)
         x_row = x_ptr + (tok64 * x_stride)[:, None, None]
         if Q_ROPE:
-            head = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-            rows_ok = tok_ok[:, None, None] & (head < NUM_HEADS)[None, :, None]
-            src = x_row + (head.to(tl.int64) * x_head_stride)[None, :, None] + rope_col
-            a, b = _rope_load(src, rows_ok, HALF, HALF_PAD, IS_NEOX)  # before the positions' wait
-            pos = tl.load(pos_ptr + tok64, mask=tok_ok, other=0)
-            cos, sin = _cos_sin(cache_ptr, pos, tok_ok, max_position, cache_stride, HALF, HALF_PAD)
-            _rope_block(a, b, src, src, x_ptr, rows_ok, rows_ok, cos, sin, scale_ptr, 0, HALF, HALF_PAD, IS_NEOX,
-                        False, 0, 0)
+            _q_arm(q_ptr, tok64, tok_ok, head_block, pos_ptr, cache_ptr, scale_ptr, max_position, q_stride,
+                   q_head_stride, q_rope_col, cache_stride, NUM_HEADS, BLOCK_H, HALF, HALF_PAD, IS_NEOX)
         elif Q_LORA > 0:
             if head_block == 0:
                 _norm_row(x_row, q_c_ptr + (tok64 * q_c_stride)[:, None, None], q_c_ptr, q_c_ptr, q_w_ptr,
@@ -316,6 +330,17 @@ def mla_kernel(
                         eps, block_size, nope_block_stride, nope_slot_stride, nope_chunk_stride, rope_block_stride,
                         rope_slot_stride, rope_chunk_stride, rope_offset, Q_LORA, KV_LORA, ROPE, HALF, HALF_PAD,
                         IS_NEOX, KV_CHUNK, KV_CHUNKS, KV_CACHE, NOPE_NZ, ROPE_NZ, NOPE_QUANT, ROPE_QUANT)
+        elif NUM_HEADS > 0:
+            # No q latent, so q_proj's output is there already: its rotation rides in this launch.
+            if head_block == 0:
+                _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_ptr, rope_cache_ptr,
+                        slot_ptr, scale_ptr, tok64, tok_ok, max_position, kv_c_stride, k_pe_stride, cache_stride,
+                        eps, block_size, nope_block_stride, nope_slot_stride, nope_chunk_stride, rope_block_stride,
+                        rope_slot_stride, rope_chunk_stride, rope_offset, Q_LORA, KV_LORA, ROPE, HALF, HALF_PAD,
+                        IS_NEOX, KV_CHUNK, KV_CHUNKS, KV_CACHE, NOPE_NZ, ROPE_NZ, NOPE_QUANT, ROPE_QUANT)
+            else:
+                _q_arm(q_ptr, tok64, tok_ok, head_block - 1, pos_ptr, cache_ptr, scale_ptr, max_position, q_stride,
+                       q_head_stride, q_rope_col, cache_stride, NUM_HEADS, BLOCK_H, HALF, HALF_PAD, IS_NEOX)
         else:
             _kv_arm(x_row, kv_c_ptr, k_pe_ptr, kv_w_ptr, cache_ptr, pos_ptr, nope_cache_ptr, rope_cache_ptr,
                     slot_ptr, scale_ptr, tok64, tok_ok, max_position, kv_c_stride, k_pe_stride, cache_stride,
@@ -326,9 +351,9 @@ def mla_kernel(
 
 def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
                                kv_lora_rank, rope_dim, eps=1e-6, *, is_neox=False, kv_cache=None,
-                               slot_mapping=None, kv_cache_dtype="auto", k_scale=None, cache_layout="nd"):
-    """Split the fused MLA latent projection, RMS-normalise q_c and kv_c, rotate k_pe, and optionally
-    write the MLA cache: one kernel.
+                               slot_mapping=None, kv_cache_dtype="auto", k_scale=None, cache_layout="nd", q=None):
+    """Split the fused MLA latent projection, RMS-normalise q_c and kv_c, rotate k_pe, optionally
+    write the MLA cache and, without a q latent, rotate q in place: one kernel, one launch.
 
     Parameters
     ----------
@@ -366,11 +391,18 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
         ``y / k_scale``.
     cache_layout : str
         ``"nd"`` or ``"nz"`` (the split form only).
+    q : torch.Tensor, optional
+        Only without a q latent (``q_lora_rank == 0``, DeepSeek-V2-Lite: q is ``q_proj``'s output,
+        there before the prologue) and with ``rope_dim > 0``: ``[T, H, D]`` in qkv_lora's dtype, as
+        :func:`mla_q_rope_` takes it; ``q[..., D - R:]`` is rotated in place in the same launch
+        (``mla_q_rope_`` is then not called). With a q latent ``q_b_proj`` sits between: rotate its
+        output with ``mla_q_rope_``.
 
     Returns
     -------
     q_c, kv_c_normed, k_pe : torch.Tensor
-        New contiguous ``[T, Lq]``, ``[T, Lkv]``, ``[T, R]`` in qkv_lora's dtype.
+        New contiguous ``[T, Lq]``, ``[T, Lkv]``, ``[T, R]`` in qkv_lora's dtype (``q``, when
+        given, is rotated in place).
 
     Raises
     ------
@@ -384,13 +416,13 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
 
 #: The arguments whose sizes include the token count, and their part of the key.
 TOKEN_KEYS = {"qkv_lora": launch_cache.rows_key, "positions": launch_cache.positions_key,
-              "slot_mapping": launch_cache.slots_key}
+              "slot_mapping": launch_cache.slots_key, "q": launch_cache.rows_key}
 Q_TOKEN_KEYS = {"q": launch_cache.rows_key, "positions": launch_cache.positions_key}
 _CACHE = launch_cache.LaunchCache("split_qkv_rmsnorm_rope_mla")
 _Q_CACHE = launch_cache.LaunchCache("mla_q_rope_")
 
 #: Sources of a launch (:class:`~.triton_launcher.BoundKernel`): the call's tensors by index.
-X, Q_C, KV_C, K_PE, Q_W, KV_W, COS_SIN, POS, NOPE, ROPE, SLOTS, SCALE = range(12)
+X, Q_C, KV_C, K_PE, Q_W, KV_W, COS_SIN, POS, NOPE, ROPE, SLOTS, SCALE, Q = range(13)
 
 
 class PreparedMLA(launch_cache.PlannedLaunches):
@@ -418,12 +450,13 @@ class PreparedMLA(launch_cache.PlannedLaunches):
         self._arguments = PreparedMLA._q_rope_arguments if call.shape.q_rope else PreparedMLA._prologue_arguments
 
     def tokens_agree(self, args: dict) -> bool:
-        """Whether positions and slot mapping hold the call's token count (the key leaves it out)."""
+        """Whether positions, slot mapping and (with the prologue's) q hold the call's token count
+        (the key leaves it out)."""
         x = args["qkv_lora"] if "qkv_lora" in args else args["q"]
         tokens = x.shape[0]
-        positions, slots = args.get("positions"), args.get("slot_mapping")
+        positions, slots, q = args.get("positions"), args.get("slot_mapping"), args.get("q")
         return ((positions is None or positions.shape[-1] == tokens)
-                and (slots is None or slots.shape[0] >= tokens))
+                and (slots is None or slots.shape[0] >= tokens) and (q is None or q.shape[0] == tokens))
 
     def _plan(self, num_tokens: int):
         return mla_plan_for(self.device, self.call.shape, num_tokens)
@@ -461,7 +494,7 @@ class PreparedMLA(launch_cache.PlannedLaunches):
                 rope_cache = nope_cache if rope_cache is None else rope_cache
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
         sources = (x, q_c, kv_c, k_pe, args["q_a_weight"], args["kv_a_weight"], cos_sin, positions, nope_cache,
-                   rope_cache, args["slot_mapping"], args["k_scale"])
+                   rope_cache, args["slot_mapping"], args["k_scale"], args["q"])
         self._launch(sources, tokens)
         return q_c, kv_c, k_pe
 
@@ -472,7 +505,7 @@ class PreparedMLA(launch_cache.PlannedLaunches):
         if tokens == 0 or not self.launches:
             return q
         cos_sin, positions = args["cos_sin_cache"], args["positions"]
-        sources = (q, None, None, None, None, None, cos_sin, positions, None, None, None, None)
+        sources = (q, None, None, None, None, None, cos_sin, positions, None, None, None, None, None)
         self._launch(sources, tokens)
         return q
 
@@ -481,8 +514,9 @@ class PreparedMLA(launch_cache.PlannedLaunches):
         call, x, kv_c = self.call, sources[X], sources[KV_C]
         shape, cache, q_c, k_pe, cos_sin = call.shape, call.cache, sources[Q_C], sources[K_PE], sources[COS_SIN]
         nope, rope = (cache.nope, cache.rope) if cache is not None else (None, None)
+        q = sources[Q]
         tensors = dict(
-            x_ptr=X, q_c_ptr=Q_C if shape.q_lora_rank else KV_C, kv_c_ptr=KV_C,
+            x_ptr=X, q_ptr=Q if shape.q_arms else X, q_c_ptr=Q_C if shape.q_lora_rank else KV_C, kv_c_ptr=KV_C,
             k_pe_ptr=K_PE if shape.rope_dim else KV_C, q_w_ptr=KV_W if sources[Q_W] is None else Q_W,
             kv_w_ptr=KV_W, cache_ptr=COS_SIN if shape.rope_dim else X,
             pos_ptr=POS if shape.rope_dim else SLOTS if cache is not None else KV_W,
@@ -490,7 +524,9 @@ class PreparedMLA(launch_cache.PlannedLaunches):
             slot_ptr=KV_W if cache is None else SLOTS, scale_ptr=KV_W if sources[SCALE] is None else SCALE)
         scalars = dict(
             max_position=cos_sin.shape[0] if shape.rope_dim else 1,
-            x_stride=x.stride(0), x_head_stride=0, rope_col=0,
+            x_stride=x.stride(0), q_stride=q.stride(0) if shape.q_arms else 0,
+            q_head_stride=q.stride(1) if shape.q_arms else 0,
+            q_rope_col=shape.head_dim - shape.rope_dim if shape.q_arms else 0,
             q_c_stride=q_c.stride(0), kv_c_stride=kv_c.stride(0), k_pe_stride=k_pe.stride(0),
             cache_stride=cos_sin.stride(0) if shape.rope_dim else 0, eps=call.eps,
             block_size=nope.block_size if nope else 1,
@@ -503,12 +539,13 @@ class PreparedMLA(launch_cache.PlannedLaunches):
     def _q_rope_arguments(self, sources: tuple) -> tuple[dict, dict]:
         """The q side's kernel arguments: tensors by source index, and scalars."""
         q, cos_sin = sources[X], sources[COS_SIN]
-        tensors = dict(x_ptr=X, q_c_ptr=X, kv_c_ptr=X, k_pe_ptr=X, q_w_ptr=X, kv_w_ptr=X, cache_ptr=COS_SIN,
-                       pos_ptr=POS, nope_cache_ptr=X, rope_cache_ptr=X, slot_ptr=POS, scale_ptr=COS_SIN)
+        tensors = dict(x_ptr=X, q_ptr=X, q_c_ptr=X, kv_c_ptr=X, k_pe_ptr=X, q_w_ptr=X, kv_w_ptr=X,
+                       cache_ptr=COS_SIN, pos_ptr=POS, nope_cache_ptr=X, rope_cache_ptr=X, slot_ptr=POS,
+                       scale_ptr=COS_SIN)
         shape = self.call.shape
         scalars = dict(
-            max_position=cos_sin.shape[0], x_stride=q.stride(0), x_head_stride=q.stride(1),
-            rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
+            max_position=cos_sin.shape[0], x_stride=q.stride(0), q_stride=q.stride(0), q_head_stride=q.stride(1),
+            q_rope_col=shape.head_dim - shape.rope_dim, q_c_stride=0, kv_c_stride=0, k_pe_stride=0,
             cache_stride=cos_sin.stride(0), eps=0.0, block_size=1, nope_block_stride=0, nope_slot_stride=0,
             nope_chunk_stride=0, rope_block_stride=0, rope_slot_stride=0, rope_chunk_stride=0, rope_offset=0)
         return tensors, scalars
@@ -569,10 +606,11 @@ def signature(dtype: str, cos_sin_dtype: str, nope_dtype: str | None = None, rop
     positions and slots int64, the scale fp32."""
     t = f"*{dtype}"
     return {
-        "x_ptr": t, "q_c_ptr": t, "kv_c_ptr": t, "k_pe_ptr": t, "q_w_ptr": t, "kv_w_ptr": t,
+        "x_ptr": t, "q_ptr": t, "q_c_ptr": t, "kv_c_ptr": t, "k_pe_ptr": t, "q_w_ptr": t, "kv_w_ptr": t,
         "cache_ptr": f"*{cos_sin_dtype}", "pos_ptr": "*i64", "nope_cache_ptr": f"*{nope_dtype or dtype}",
         "rope_cache_ptr": f"*{rope_dtype or nope_dtype or dtype}", "slot_ptr": "*i64", "scale_ptr": "*fp32",
-        "num_tokens": "i32", "max_position": "i32", "x_stride": "i32", "x_head_stride": "i32", "rope_col": "i32",
+        "num_tokens": "i32", "max_position": "i32", "x_stride": "i32", "q_stride": "i32", "q_head_stride": "i32",
+        "q_rope_col": "i32",
         "q_c_stride": "i32", "kv_c_stride": "i32", "k_pe_stride": "i32", "cache_stride": "i32", "eps": "fp32",
         "block_size": "i32", "nope_block_stride": "i32", "nope_slot_stride": "i32", "nope_chunk_stride": "i32",
         "rope_block_stride": "i32", "rope_slot_stride": "i32", "rope_chunk_stride": "i32", "rope_offset": "i32",

@@ -187,10 +187,40 @@ def _mla_cache(kv_cache, kv_cache_dtype: str, cache_layout, kv_lora_rank: int, r
                          nope_quant=quant, rope_quant=quant, uint8_fp8=kv_cache.dtype == torch.uint8)
 
 
+def _q_heads(q, rope_dim, device, what: str) -> tuple[int, int, int, int]:
+    """Check ``q`` ``[T, H, D]`` (token and head strides free, lanes contiguous, rows not
+    overlapping; on ``what``'s ``device`` where given) and ``rope_dim`` (even, ``[2, D]``); return
+    ``(T, H, D, rope_dim)``."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError("q must be a 3-D tensor [T, num_heads, nope_dim + rope_dim] (q_b_proj's or q_proj's "
+                         "output viewed per head)")
+    if device is not None and q.device != device:
+        raise ValueError(f"q is on {q.device}, {what} on {device}")
+    tensor_arg("q", q, None)
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q must be bf16, fp16 or fp32, got {q.dtype}")
+    tokens, heads, head_dim = q.shape
+    if heads < 1 or head_dim < 2:
+        raise ValueError(f"q must have at least one head of at least 2 lanes, got shape {list(q.shape)}")
+    r = _rope_dim(rope_dim, 2)
+    if r > head_dim:
+        raise ValueError(f"rope_dim must be at most q's head size {head_dim}, got {r}")
+    if q.stride(2) != 1:
+        raise ValueError("q must have a contiguous last dim")
+    # Rows (token, head) of head_dim lanes must not overlap: taken by stride, the first row dim of
+    # more than one entry steps at least a row, the next at least the whole first dim.
+    reach = head_dim
+    for stride, size in sorted((q.stride(i), q.shape[i]) for i in (0, 1) if q.shape[i] > 1):
+        if stride < reach:
+            raise ValueError(f"q's rows must not overlap (strides {q.stride()} for shape {list(q.shape)})")
+        reach = stride * size
+    return tokens, heads, head_dim, r
+
+
 def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
                                kv_lora_rank, rope_dim, eps=1e-6, *, is_neox=False, kv_cache=None,
                                slot_mapping=None, kv_cache_dtype="auto", k_scale=None,
-                               cache_layout="nd") -> MLACall:
+                               cache_layout="nd", q=None) -> MLACall:
     """Check one call of ``split_qkv_rmsnorm_rope_mla`` (its exact signature); return what the kernel
     is compiled and launched with (no token count: :class:`MLACall`).
 
@@ -203,7 +233,8 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
         or not ``[max_position, rope_dim]``, ``positions`` not ``[T]`` int32/int64, a tensor on
         another device or requiring grad, ``kv_cache`` of the wrong shape, dtype or form for
         ``kv_cache_dtype`` and ``cache_layout``, ``slot_mapping`` missing with a cache (or given
-        without), ``k_scale`` given without a quantised cache or missing with one.
+        without), ``k_scale`` given without a quantised cache or missing with one, ``q`` given with
+        a q latent or without RoPE, or not ``[T, H, D]`` of qkv_lora's dtype (as ``mla_q_rope_``'s).
     """
     if not isinstance(qkv_lora, torch.Tensor) or qkv_lora.dim() != 2:
         raise ValueError("qkv_lora must be a 2-D tensor [T, q_lora_rank + kv_lora_rank + rope_dim]")
@@ -281,8 +312,21 @@ def split_qkv_rmsnorm_rope_mla(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache,
                 raise ValueError(f"k_scale is required with kv_cache_dtype={kv_cache_dtype!r}")
             _mla_tensor("k_scale", k_scale, device)
             scale_arg("k_scale", k_scale, None, None)
+    heads = head_dim = 0
+    if q is not None:
+        if lq:
+            raise ValueError(f"q is rotated in the prologue only without a q latent (q_lora_rank=0, got {lq}): "
+                             "with one, q_b_proj sits between; rotate its output with mla_q_rope_")
+        if not r:
+            raise ValueError("q is given but rope_dim=0: there is nothing of q to rotate")
+        q_tokens, heads, head_dim, _ = _q_heads(q, r, device, "qkv_lora")
+        if q_tokens != tokens:
+            raise ValueError(f"q must be [T, H, D] with T = {tokens} (qkv_lora's rows), got shape {list(q.shape)}")
+        if q.dtype != qkv_lora.dtype:
+            raise ValueError(f"q must have qkv_lora's dtype {qkv_lora.dtype}, got {q.dtype}")
     shape = MLAShape(q_lora_rank=lq, kv_lora_rank=lkv, rope_dim=r, elem_bytes=qkv_lora.element_size(),
-                     cache_bytes=cache_bytes, is_neox=is_neox, kv_cache=write is not None)
+                     cache_bytes=cache_bytes, is_neox=is_neox, kv_cache=write is not None, num_heads=heads,
+                     head_dim=head_dim)
     return MLACall(shape=shape, eps=eps, cache=write, kv_cache_dtype=kv_cache_dtype)
 
 
@@ -296,27 +340,7 @@ def mla_q_rope_(q, cos_sin_cache, positions, rope_dim, *, is_neox=False) -> MLAC
     ValueError
         On a bad argument; the message names it.
     """
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError("q must be a 3-D tensor [T, num_heads, nope_dim + rope_dim] (q_b_proj's output viewed "
-                         "per head)")
-    tensor_arg("q", q, None)
-    if q.dtype not in DTYPES:
-        raise ValueError(f"q must be bf16, fp16 or fp32, got {q.dtype}")
-    tokens, heads, head_dim = q.shape
-    if heads < 1 or head_dim < 2:
-        raise ValueError(f"q must have at least one head of at least 2 lanes, got shape {list(q.shape)}")
-    r = _rope_dim(rope_dim, 2)
-    if r > head_dim:
-        raise ValueError(f"rope_dim must be at most q's head size {head_dim}, got {r}")
-    if q.stride(2) != 1:
-        raise ValueError("q must have a contiguous last dim")
-    # Rows (token, head) of head_dim lanes must not overlap: taken by stride, the first row dim of
-    # more than one entry steps at least a row, the next at least the whole first dim.
-    reach = head_dim
-    for stride, size in sorted((q.stride(i), q.shape[i]) for i in (0, 1) if q.shape[i] > 1):
-        if stride < reach:
-            raise ValueError(f"q's rows must not overlap (strides {q.stride()} for shape {list(q.shape)})")
-        reach = stride * size
+    tokens, heads, head_dim, r = _q_heads(q, rope_dim, None, "q")
     _cos_sin_cache(cos_sin_cache, r, q.device, "q")
     _positions(positions, tokens, q.device, "q")
     shape = MLAShape(q_lora_rank=0, kv_lora_rank=0, rope_dim=r, elem_bytes=q.element_size(),

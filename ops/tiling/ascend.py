@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2
+from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, next_pow2, prev_pow2, q_arm_heads
 from ..device import AscendFacts
 
 __all__ = ["AscendPlan", "UbBuffer", "arm_width", "branch_arms", "mla_plan", "mla_ub_buffers", "plan", "rope_axes",
@@ -312,7 +312,8 @@ def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk
     """The UB a tile of the MLA kernel keeps live, buffer by buffer (``docs/ascend-ub-model.md``,
     section "The MLA prologue"): the copies from global memory of every arm (the q_c arm's row
     chunks, both passes; the kv arm's chunks, k_pe's rotary lanes, the cos/sin rows, positions and
-    slots; or the q side's rotary lanes of ``block_heads`` heads), their second buffers, and the
+    slots; without a q latent, q's rotary lanes of ``block_heads`` heads where the prologue rotates
+    q too; or the q side's rotary lanes of ``block_heads`` heads), their second buffers, and the
     vector buffers of the widest arm."""
     bt, e, c = block_tokens, shape.elem_bytes, shape.cache_bytes
     rot = 2 * shape.half_pad if shape.rope_dim else 0
@@ -352,6 +353,16 @@ def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk
         gm += (lanes, rows, positions)
         per_tile += (lanes, rows, positions)
         widths.append(rope_rows * rot)
+        if shape.q_arms:
+            # The q arm loads its own positions and cos/sin rows; the lowering keeps a copy of the
+            # positions and of one of the two rows for it, sharing the other with the kv arm's
+            # (measured: V2-Lite at every TP size, 8 tokens, 1,088 B over the kv arm's buffers).
+            q_lanes = UbBuffer(f"q's rotary lanes [{block_heads} heads]", bt * block_heads * rot * e, "gm")
+            q_rows = UbBuffer("q arm's positions and one cos/sin row", bt * (POSITION_BYTES + shape.half_pad * c),
+                              "gm")
+            gm += (q_lanes, q_rows)
+            per_tile += (q_lanes, q_rows)
+            widths.append(block_heads * rot)
     vector_kv: tuple[UbBuffer, ...] = ()
     widest = max(widths)
     if shape.kv_cache:
@@ -382,7 +393,9 @@ def mla_ub_buffers(shape: MLAShape, block_tokens: int, block_heads: int, q_chunk
 def mla_plan(shape: MLAShape, facts: AscendFacts) -> MLAPlan:
     """The Ascend plan of the MLA kernel (pure): latent rows in chunks of :func:`mla_row_chunk`;
     the q side's heads per tile as the GQA plan picks them (at most ``MAX_BLOCK_HEADS``, padding
-    within ``MAX_HEAD_WASTE``, fewer if not even ``MIN_BLOCK_TOKENS`` fit); then the most tokens per
+    within ``MAX_HEAD_WASTE``, fewer if not even ``MIN_BLOCK_TOKENS`` fit), the prologue's q arms
+    (no q latent) as many as its widest latent chunk holds (:func:`~.base.q_arm_heads`), padding
+    within ``MAX_HEAD_WASTE``; then the most tokens per
     tile, ``MIN_BLOCK_TOKENS`` to ``MAX_BLOCK_TOKENS``, whose buffers fit the UB budget; a grid of
     vector cores.
 
@@ -394,11 +407,11 @@ def mla_plan(shape: MLAShape, facts: AscendFacts) -> MLAPlan:
     budget = ub_budget(facts)
     q_chunk = mla_row_chunk(shape.q_lora_rank) if shape.q_lora_rank else 1
     kv_chunk = mla_row_chunk(shape.kv_lora_rank) if shape.kv_lora_rank else 1
-    heads = 1
+    heads = q_arm_heads(shape, max(q_chunk, kv_chunk), MAX_BLOCK_HEADS)
     if shape.q_rope:
         heads = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS)
-        while heads > 1 and -(-shape.num_heads // heads) * heads / shape.num_heads > MAX_HEAD_WASTE:
-            heads //= 2
+    while heads > 1 and -(-shape.num_heads // heads) * heads / shape.num_heads > MAX_HEAD_WASTE:
+        heads //= 2
 
     def fits(tokens: int, block_heads: int) -> bool:
         return sum(b.nbytes for b in mla_ub_buffers(shape, tokens, block_heads, q_chunk, kv_chunk)) <= budget

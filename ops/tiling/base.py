@@ -268,10 +268,11 @@ class SumsPlan:
 class MLAShape:
     """What an MLA plan (``split_qkv_rmsnorm_rope_mla`` and its q side, ``mla_q_rope_``) depends on.
 
-    The prologue (``num_heads == 0``) normalises q_c's row of ``q_lora_rank`` lanes (none when 0)
-    and kv_c's of ``kv_lora_rank``, and rotates k_pe's ``rope_dim`` lanes (none when 0). The q side
-    (``num_heads > 0``) rotates the last ``rope_dim`` lanes of each of ``num_heads`` heads of
-    ``head_dim`` lanes, in place, and has no norm.
+    The prologue (``kv_lora_rank > 0``) normalises q_c's row of ``q_lora_rank`` lanes (none when 0)
+    and kv_c's of ``kv_lora_rank``, and rotates k_pe's ``rope_dim`` lanes (none when 0); without a
+    q latent it may also rotate q (``num_heads > 0``: q comes from ``q_proj``, no GEMM between).
+    The q side (``kv_lora_rank == 0``, ``num_heads > 0``) rotates the last ``rope_dim`` lanes of
+    each of ``num_heads`` heads of ``head_dim`` lanes, in place, and has no norm.
     """
 
     q_lora_rank: int
@@ -288,7 +289,13 @@ class MLAShape:
     @property
     def q_rope(self) -> bool:
         """The q side's variant: RoPE of ``q[..., head_dim - rope_dim:]`` in place, no norm."""
-        return self.num_heads > 0
+        return self.num_heads > 0 and self.kv_lora_rank == 0
+
+    @property
+    def q_arms(self) -> bool:
+        """The prologue also rotates q in place (no q latent: ``q_proj``'s output is there before
+        the prologue), in tiles of heads after its kv arm."""
+        return self.num_heads > 0 and self.kv_lora_rank > 0
 
     @property
     def half(self) -> int:
@@ -305,6 +312,15 @@ class MLAShape:
         """Tiles per token block in the prologue: q_c's norm (when ``q_lora_rank``) and the kv arm
         (kv_c's norm, k_pe's rotation, the cache write)."""
         return (1 if self.q_lora_rank else 0) + 1
+
+
+def q_arm_heads(shape: MLAShape, lanes: int, max_heads: int) -> int:
+    """Heads of q a tile of the prologue's q arms takes (:attr:`MLAShape.q_arms`): the most, a power
+    of two up to ``max_heads``, whose rotary lanes fit in ``lanes`` (the widest latent chunk: a q
+    arm's tile is no larger than the latent arms', which set the launch's warps); 1 without q arms."""
+    if not shape.q_arms:
+        return 1
+    return max(1, min(next_pow2(shape.num_heads), max_heads, prev_pow2(max(1, lanes // (2 * shape.half_pad)))))
 
 
 @dataclass(frozen=True)
@@ -338,10 +354,12 @@ class MLAPlan:
         return self.chunks(shape.kv_lora_rank, self.kv_chunk)
 
     def head_blocks(self, shape: MLAShape) -> int:
-        """Tiles per token block: the q side's head blocks, or the prologue's arms."""
+        """Tiles per token block: the q side's head blocks, or the prologue's arms (and its q
+        head blocks, :attr:`MLAShape.q_arms`)."""
+        q_blocks = -(-shape.num_heads // self.block_heads)
         if shape.q_rope:
-            return -(-shape.num_heads // self.block_heads)
-        return shape.row_arms
+            return q_blocks
+        return shape.row_arms + (q_blocks if shape.q_arms else 0)
 
     @property
     def ub_bytes(self) -> int:

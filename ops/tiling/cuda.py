@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .base import KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, launch_options, next_pow2, prev_pow2
+from .base import (KernelShape, MLAPlan, MLAShape, PlanBase, SumsPlan, launch_options, next_pow2, prev_pow2,
+                   q_arm_heads)
 from ..device import CudaFacts
 
 __all__ = ["CudaPlan", "mla_plan", "plan", "plan_for_tokens", "small_batch_max_tokens", "small_batch_plan", "sums_plan"]
@@ -526,7 +527,8 @@ MLA_SMALL_ONE_TILE = True
 @functools.lru_cache(maxsize=None)
 def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
     """The CUDA plan of the MLA kernel (pure; the H200 sweep's constants above): the prologue's tile
-    is :data:`MLA_TILE_ELEMENTS` (tokens x the widest row chunk) on :data:`MLA_WARPS` warps, the
+    is :data:`MLA_TILE_ELEMENTS` (tokens x the widest row chunk; q arms of as many heads as fit
+    that chunk, :func:`~.base.q_arm_heads`) on :data:`MLA_WARPS` warps, the
     q side's :data:`MLA_Q_TILE_ELEMENTS` (tokens x up to ``MAX_BLOCK_HEADS`` heads x the rotary
     lanes) on :data:`MLA_Q_WARPS`; :data:`MLA_PROGRAMS_PER_SM` programs an SM walking the tiles grid-stride;
     dependent launch where :data:`MLA_DEPENDENT_LAUNCH` and the GPU allow. Small batches of the prologue take
@@ -540,7 +542,7 @@ def mla_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
         heads, warps = min(next_pow2(shape.num_heads), MAX_BLOCK_HEADS), MLA_Q_WARPS
         tokens = prev_pow2(max(1, MLA_Q_TILE_ELEMENTS // (heads * rot)))
     else:
-        heads, warps = 1, MLA_WARPS
+        heads, warps = q_arm_heads(shape, max(q_chunk, kv_chunk), MAX_BLOCK_HEADS), MLA_WARPS
         tokens = prev_pow2(max(1, MLA_TILE_ELEMENTS // max(q_chunk, kv_chunk, rot)))
     return MLAPlan(block_tokens=tokens, block_heads=heads, q_chunk=q_chunk, kv_chunk=kv_chunk,
                    max_programs=facts.num_sms * MLA_PROGRAMS_PER_SM, num_warps=warps,
@@ -562,8 +564,8 @@ def mla_small_plan(shape: MLAShape, facts: CudaFacts) -> MLAPlan:
 
     q_chunk, kv_chunk = whole(shape.q_lora_rank, large.q_chunk), whole(shape.kv_lora_rank, large.kv_chunk)
     warps = max(1, max(q_chunk, kv_chunk) // MLA_SMALL_LANES_PER_WARP)
-    return replace(large, block_tokens=1, q_chunk=q_chunk, kv_chunk=kv_chunk, num_warps=warps,
-                   one_tile=MLA_SMALL_ONE_TILE)
+    return replace(large, block_tokens=1, block_heads=q_arm_heads(shape, max(q_chunk, kv_chunk), MAX_BLOCK_HEADS),
+                   q_chunk=q_chunk, kv_chunk=kv_chunk, num_warps=warps, one_tile=MLA_SMALL_ONE_TILE)
 
 
 def mla_plan_for_tokens(shape: MLAShape, facts: CudaFacts, num_tokens: int) -> MLAPlan:

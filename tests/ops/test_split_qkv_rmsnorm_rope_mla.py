@@ -110,20 +110,33 @@ def _pairs(a, b):
 # --------------------------------------------------------------------------------------------
 # Running the op and checking everything it wrote and did not write.
 
-def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None):
+def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None, q_heads: int = 0,
+                  spelling: str = "padded", generator=None):
     """Run the op (under ``plan``) and check the outputs against the reference, qkv_lora (and its
     row padding) unchanged, the sentinels, and the cache bit for bit against the reference write
-    of the op's own outputs."""
+    of the op's own outputs. With ``q_heads`` (no q latent) the op also gets a view of q of that
+    many heads of 24 + R lanes (:func:`q_view`'s ``spelling``): its rotary lanes must match
+    ``reference.mla_q_rope`` and nothing else of the backing tensor change."""
     cache = cache or {}
     qkv = args["qkv_lora"]
     rows = qkv.as_strided((qkv.shape[0], qkv.stride(0)), (qkv.stride(0), 1)) if qkv.shape[0] else qkv
     rows_before = rows.clone()
     before = _clone_cache(cache["kv_cache"]) if cache else None
-    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**args, **cache).shape
+    q_args = {}
+    if q_heads:
+        r = args["rope_dim"]
+        q, backing, mask, q_mask = q_view(qkv.shape[0], q_heads, 24 + r, spelling, qkv.dtype, qkv.device, generator)
+        q_args, q_before, backing_before = {"q": q}, q.clone(), backing.clone()
+    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**args, **cache, **q_args).shape
     forced = tiling.forced(plan=plan_of(plan, shape, qkv.device)) if plan else tiling.forced()
     with forced:
-        q_c, kv_c, k_pe = split_qkv_rmsnorm_rope_mla(**args, **cache)
+        q_c, kv_c, k_pe = split_qkv_rmsnorm_rope_mla(**args, **cache, **q_args)
     expected = reference.split_qkv_rmsnorm_rope_mla(**args)
+    if q_heads:
+        want_q = reference.mla_q_rope(q_before, args["cos_sin_cache"], args["positions"], r, is_neox=args["is_neox"])
+        torch.testing.assert_close(q[..., 24:].double().cpu(), want_q[..., 24:].cpu(), **TOLERANCES[qkv.dtype])
+        q_mask[..., 24:] = True  # the only elements the call may write
+        assert torch.equal(bits(backing[~mask]), bits(backing_before[~mask])), "wrote outside q's rotary lanes"
     tokens = qkv.shape[0]
     assert q_c.shape == (tokens, args["q_lora_rank"]) and kv_c.shape == (tokens, args["kv_lora_rank"])
     assert k_pe.shape == (tokens, args["rope_dim"])
@@ -144,10 +157,12 @@ def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None
     return q_c, kv_c, k_pe
 
 
-def looping_tokens(dims, plan: str, device) -> list[int]:
+def looping_tokens(dims, plan: str, device, q_heads: int = 0) -> list[int]:
     """0, 1, 3, a token block, one past it, two and one past, and (where the interpreter affords it)
-    enough tiles that programs loop."""
-    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**make_mla_inputs(*dims, 1, device=device)).shape
+    enough tiles that programs loop (with ``q_heads`` heads of q rotated in the prologue)."""
+    args = make_mla_inputs(*dims, 1, device=device)
+    q = {"q": args["qkv_lora"].new_empty(1, q_heads, 24 + dims[2])} if q_heads else {}
+    shape = validation_mla.split_qkv_rmsnorm_rope_mla(**args, **q).shape
     p = plan_of(plan, shape, device)
     bt = p.block_tokens
     counts = {0, 1, 3, bt, bt + 1, 2 * bt + 1}
@@ -158,15 +173,17 @@ def looping_tokens(dims, plan: str, device) -> list[int]:
 
 
 @pytest.mark.parametrize("plan", PLANS + ("one-tile",))
-@pytest.mark.parametrize("dims", [SMALL, NO_Q_LORA, NO_ROPE], ids=["small", "no-q-lora", "no-rope"])
-def test_tile_boundaries(device, poisoned, plan, dims):
+@pytest.mark.parametrize("dims,q_heads", [(SMALL, 0), (NO_Q_LORA, 0), (NO_Q_LORA, 5), (NO_ROPE, 0)],
+                         ids=["small", "no-q-lora", "no-q-lora-with-q", "no-rope"])
+def test_tile_boundaries(device, poisoned, plan, dims, q_heads):
     """Every token count around the plan's tile and across its grid-stride loop (or, a program a
     tile, past its ``max_programs``), with vLLM's combined cache (random bits, padding slots, slots
-    past T)."""
+    past T); without a q latent also with q rotated in the same launch (5 heads: q blocks of 2,
+    the last partial)."""
     g = torch.Generator().manual_seed(1)
-    for tokens in looping_tokens(dims, plan, device):
+    for tokens in looping_tokens(dims, plan, device, q_heads):
         args = make_mla_inputs(*dims, tokens, device=device, generator=g)
-        run_and_check(args, plan, make_cache(args, "combined", generator=g))
+        run_and_check(args, plan, make_cache(args, "combined", generator=g), q_heads=q_heads, generator=g)
 
 
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
@@ -226,6 +243,9 @@ def test_model_dims(device, poisoned, name):
     run_and_check(args, "ascend", make_cache(args, "combined", kv_cache_dtype="fp8", block_size=16, generator=g))
     run_and_check(args, "cuda", make_cache(args, "split", layout="nz", kv_cache_dtype="int8", block_size=16,
                                            generator=g))
+    if not spec.q_lora_rank:  # q_proj's output rotated in the same launch, all 16 heads of the rank
+        run_and_check(args, "cuda-small", make_cache(args, "combined", block_size=16, generator=g),
+                      q_heads=spec.heads_at(1), generator=g)
 
 
 def test_fp8_saturates(device, poisoned):
@@ -284,7 +304,7 @@ def test_full_grid(device, poisoned, plan, is_neox, dims, form, layout, kv_cache
         if layout == "nz" and (dims[1] % 32 or dims[2] % 16):
             continue
         run_and_check(args, plan, make_cache(args, form, layout=layout, kv_cache_dtype=kv_cache_dtype, dtype=dtype,
-                                             generator=g))
+                                             generator=g), q_heads=3 if dims[0] == 0 and dims[2] else 0, generator=g)
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,6 +511,37 @@ def test_bad_inputs_name_the_argument(device, name, change):
         assert torch.equal(bits(got), bits(want))
 
 
+def _with_q(device, dims=NO_Q_LORA, tokens: int = 5):
+    g = torch.Generator().manual_seed(14)
+    args = make_mla_inputs(*dims, tokens, device=device, generator=g)
+    if not dims[2]:
+        args.update(cos_sin_cache=None, positions=None)
+    return args, torch.randn(tokens, 3, 40, generator=g).to(device=device, dtype=args["qkv_lora"].dtype)
+
+
+#: The prologue's ``q`` (no q latent only): (message, change of (args, q) on NO_Q_LORA).
+PROLOGUE_Q_BAD = [
+    ("q is rotated in the prologue only without a q latent", lambda a, q, d: (_with_q(d, SMALL)[0], q)),
+    ("nothing of q to rotate", lambda a, q, d: (_with_q(d, (0, 24, 0))[0], q)),
+    ("q must be \\[T, H, D\\] with T = 5", lambda a, q, d: (a, q[:-1])),
+    ("q must have qkv_lora's dtype", lambda a, q, d: (a, q.float() if q.dtype != FP32 else q.half())),
+    ("q must be a 3-D", lambda a, q, d: (a, q[:, 0])),
+    ("q must have a contiguous last dim", lambda a, q, d: (a, q.reshape(5, 40, 3).transpose(1, 2))),
+    ("q's rows must not overlap", lambda a, q, d: (a, q.as_strided(q.shape, (40, 8, 1)))),
+    ("rope_dim must be at most q's head size", lambda a, q, d: (a, q[..., :8])),
+]
+
+
+@pytest.mark.parametrize("name,change", PROLOGUE_Q_BAD, ids=[f"prologue-q-{i}" for i in range(len(PROLOGUE_Q_BAD))])
+def test_prologue_q_bad_inputs_name_the_argument(device, name, change):
+    args, q = _with_q(device)
+    call, call_q = change(args, q, device)
+    before = call_q.clone()
+    with pytest.raises(ValueError, match=name):
+        split_qkv_rmsnorm_rope_mla(**call, q=call_q)
+    assert torch.equal(bits(call_q), bits(before))
+
+
 SPLIT_BAD = [
     ("kv_cache\\[0\\]", "nd", lambda c: dict(c, kv_cache=(c["kv_cache"][0][..., :-1], c["kv_cache"][1]))),
     ("kv_cache\\[1\\]", "nd", lambda c: dict(c, kv_cache=(c["kv_cache"][0], c["kv_cache"][1][:1]))),
@@ -558,6 +609,32 @@ def test_q_rope_bad_inputs_name_the_argument(device, name, change):
 # --------------------------------------------------------------------------------------------
 # Plans.
 
+def replace_q(shape: MLAShape, heads: int = 0) -> MLAShape:
+    return dataclasses.replace(shape, num_heads=heads, head_dim=shape.head_dim if heads else 0)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 16, 128])
+def test_prologue_q_arms_hold_as_many_heads_as_the_widest_chunk(heads):
+    """Without a q latent and with q given, each plan's q tiles take the most heads (a power of
+    two, within the backend's cap) whose rotary lanes fit the widest latent chunk (on Ascend, fewer
+    where that pads the heads past ``MAX_HEAD_WASTE``), and the prologue has one tile a token block
+    per such block of heads after its kv arm; without q, none."""
+    shape = MLAShape(0, 512, 64, 2, 4, kv_cache=True, num_heads=heads, head_dim=192)
+    assert shape.q_arms and not shape.q_rope
+    cuda_facts = device_facts.cuda_facts(None)
+    for plan, cap in ((cuda.mla_plan(shape, cuda_facts), cuda.MAX_BLOCK_HEADS),
+                      (cuda.mla_small_plan(shape, cuda_facts), cuda.MAX_BLOCK_HEADS),
+                      (ascend.mla_plan(shape, device_facts.ascend_facts(None)), ascend.MAX_BLOCK_HEADS)):
+        want = min(tiling.next_pow2(heads), cap, max(plan.q_chunk, plan.kv_chunk) // 64)
+        blocks = -(-heads // plan.block_heads)
+        if cap == cuda.MAX_BLOCK_HEADS:
+            assert plan.block_heads == want
+        else:
+            assert plan.block_heads <= want and (plan.block_heads == 1 or
+                                                 blocks * plan.block_heads / heads <= ascend.MAX_HEAD_WASTE)
+        assert plan.head_blocks(shape) == 1 + blocks
+        assert plan.head_blocks(replace_q(shape)) == 1
+
 def test_every_mla_plan_fits_the_ub_budget_and_chunks_q_c_exactly():
     """Every MLA table row's prologue (each cache form's shape) and q side at every TP size gets an
     Ascend plan within the UB budget; DeepSeek-V3's q_c goes in 3 chunks of 512 (no padding), its
@@ -574,6 +651,12 @@ def test_every_mla_plan_fits_the_ub_budget_and_chunks_q_c_exactly():
         for tp in spec.tp_sizes:
             shape = MLAShape(0, 0, spec.rope_dim, 2, 4, num_heads=spec.heads_at(tp), head_dim=spec.q_head_dim)
             assert ascend.mla_plan(shape, facts).ub_bytes <= budget
+            if not spec.q_lora_rank:  # the prologue rotating q too
+                shape = MLAShape(0, spec.kv_lora_rank, spec.rope_dim, 2, 4, kv_cache=True,
+                                 num_heads=spec.heads_at(tp), head_dim=spec.q_head_dim)
+                plan = ascend.mla_plan(shape, facts)
+                assert plan.ub_bytes <= budget and plan.block_tokens >= ascend.MIN_BLOCK_TOKENS
+                assert any(buf.name.startswith("q's rotary lanes") for buf in plan.ub_buffers)
     v3 = ascend.mla_plan(MLAShape(1536, 512, 64, 2, 4), facts)
     assert (v3.q_chunk, v3.q_chunks(MLAShape(1536, 512, 64, 2, 4)), v3.kv_chunk) == (512, 3, 512)
     assert ascend.mla_row_chunk(640) == 128 and ascend.mla_row_chunk(24) == 32
