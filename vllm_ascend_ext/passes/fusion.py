@@ -591,11 +591,11 @@ def _source_hash() -> str:
     import inspect
     import sys
 
-    from . import kv_fusion, tp_fusion
+    from ..kernels import mla_ops
+    from . import kv_fusion, mla_fusion, tp_fusion
 
     module = sys.modules[__name__]
-    text = (inspect.getsource(module) + inspect.getsource(custom_ops) + inspect.getsource(kv_fusion)
-            + inspect.getsource(tp_fusion))
+    text = "".join(inspect.getsource(m) for m in (module, custom_ops, kv_fusion, tp_fusion, mla_fusion, mla_ops))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
