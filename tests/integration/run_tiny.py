@@ -268,15 +268,17 @@ def _count_fused_calls() -> dict:
 
 def _count_mla_calls() -> dict:
     """Count executions of the MLA ops (issue 30) by kind: ``prologue`` (no cache), ``cache`` (with
-    the cache write), ``q_rope``. The custom ops look ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla``
+    the cache write), ``q_rope``, and ``with_q`` (the prologue rotating q too: no q latent). The
+    custom ops look ``vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla``
     and ``mla_q_rope_`` up on every call, so wrapping them there counts every call."""
     from vllm_ascend_ext import ops
 
-    calls = {"prologue": 0, "cache": 0, "q_rope": 0}
+    calls = {"prologue": 0, "cache": 0, "q_rope": 0, "with_q": 0}
     mla, q_rope = ops.split_qkv_rmsnorm_rope_mla, ops.mla_q_rope_
 
     def counting_mla(*args, **kwargs):
         calls["cache" if kwargs.get("kv_cache") is not None else "prologue"] += 1
+        calls["with_q"] += kwargs.get("q") is not None
         return mla(*args, **kwargs)
 
     def counting_q_rope(*args, **kwargs):

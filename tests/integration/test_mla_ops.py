@@ -1,9 +1,9 @@
 """``torch.ops.vllm_ascend_ext.split_qkv_rmsnorm_rope_mla`` and ``mla_q_rope_`` (issue 30).
 
-``opcheck`` on both (the prologue without a cache, with vLLM's combined cache, and with
-vllm-ascend's (nope, rope) pair, which are mutated arguments), the schemas' mutation declarations,
-and each custom op against the Python op it wraps (bit-equal: the same kernel) and the float64
-reference, with the fake implementation refusing what the validator refuses.
+``opcheck`` on both (the prologue without a cache, with vLLM's combined cache, with
+vllm-ascend's (nope, rope) pair, and with q rotated in the same launch: mutated arguments), the
+schemas' mutation declarations, and each custom op against the Python op it wraps (bit-equal: the
+same kernel) and the float64 reference, with the fake implementation refusing what the validator refuses.
 """
 
 from __future__ import annotations
@@ -52,6 +52,23 @@ def test_opcheck_mla_split_cache():
                                           "split_cache": True})
 
 
+def test_opcheck_mla_with_q():
+    """Without a q latent the prologue rotates q (a mutated argument) in the same launch."""
+    q = torch.randn(T, H, NOPE + R, dtype=torch.bfloat16)
+    kv_cache = torch.randn(BLOCKS, BLOCK, LKV + R).to(torch.bfloat16)
+    opcheck(mla_ops.mla_op(), _inputs(q_lora=False), {"q": q, "kv_cache": kv_cache, "slot_mapping": _slots()})
+
+
+def test_mla_op_with_q_rotates_it_like_the_q_side():
+    args = _inputs(q_lora=False)
+    q = torch.randn(T, H, NOPE + R, dtype=torch.bfloat16)
+    want_q = mla_q_rope_(q.clone(), args[3], args[4], R)
+    outputs = mla_ops.mla_op()(*args, q=q)
+    assert torch.equal(q, want_q)
+    for got, ref in zip(outputs, split_qkv_rmsnorm_rope_mla(*args)):
+        assert torch.equal(got, ref)
+
+
 def test_opcheck_q_rope():
     q = torch.randn(T, H, NOPE + R, dtype=torch.bfloat16)
     opcheck(mla_ops.q_rope_op(), (q, torch.randn(32, R), torch.randint(0, 32, (T,)), R))
@@ -59,9 +76,9 @@ def test_opcheck_q_rope():
 
 def test_schemas_declare_mutation():
     args = {a.name: a for a in mla_ops.mla_op()._schema.arguments}
-    assert args["kv_cache"].alias_info.is_write and args["rope_cache"].alias_info.is_write
+    assert all(args[name].alias_info.is_write for name in ("q", "kv_cache", "rope_cache"))
     assert not any(a.alias_info is not None and a.alias_info.is_write for name, a in args.items()
-                   if name not in ("kv_cache", "rope_cache"))
+                   if name not in ("q", "kv_cache", "rope_cache"))
     q = mla_ops.q_rope_op()._schema.arguments[0]
     assert q.name == "q" and q.alias_info.is_write
 

@@ -553,9 +553,10 @@ def test_mla_warm_up_compiles_the_cache_write_where_the_pass_fuses_it():
 
 
 def _glue_calls(geo, dtype, block_size, monkeypatch, tokens=5, num_blocks=7):
-    """Call the MLA step's two replacements as the compiled graph does: the glue op's implementation
+    """Call the MLA step's replacements as the compiled graph does: the glue op's implementation
     (the prologue with the layer's cache, found through a stubbed forward context) and
-    ``mla_q_rope_`` on the GEMM output viewed per head."""
+    ``mla_q_rope_`` on the GEMM output viewed per head (without a q latent, the glue op rotating
+    that q itself)."""
     width = geo.kv_lora_rank + geo.rope_dim
     cache = torch.zeros(num_blocks, block_size, width, dtype=dtype)
     slots = torch.arange(tokens, dtype=torch.int64)
@@ -565,11 +566,13 @@ def _glue_calls(geo, dtype, block_size, monkeypatch, tokens=5, num_blocks=7):
     cos_sin, positions = torch.randn(64, geo.rope_dim), torch.arange(tokens)
     weights = (torch.ones(geo.q_lora_rank, dtype=dtype) if geo.q_lora_rank else None,
                torch.ones(geo.kv_lora_rank, dtype=dtype))
+    q = torch.randn(tokens, geo.num_heads * head, dtype=dtype).reshape(-1, geo.num_heads, head)
     mla_fusion._glue_impl(x, *weights, cos_sin, positions, geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim,
-                          geo.eps, is_neox=geo.is_neox, layer_name="layer", kv_cache_dtype="auto", k_scale=None)
+                          geo.eps, is_neox=geo.is_neox, layer_name="layer", kv_cache_dtype="auto", k_scale=None,
+                          q=None if geo.q_lora_rank else q)
     assert cache.any()  # the cache write ran
-    q = torch.randn(tokens, geo.num_heads * head, dtype=dtype)
-    mla_ops.q_rope_op()(q.reshape(-1, geo.num_heads, head), cos_sin, positions, geo.rope_dim, is_neox=geo.is_neox)
+    if geo.q_lora_rank:
+        mla_ops.q_rope_op()(q, cos_sin, positions, geo.rope_dim, is_neox=geo.is_neox)
 
 
 @pytest.mark.kernel
@@ -594,7 +597,8 @@ def test_mla_warm_up_compiles_what_the_pass_calls(geo, monkeypatch):
         launch_cache.clear()
         with record([]) as called:
             _glue_calls(geo, dtype, 16, monkeypatch)
-        assert len(warmed) == (3 if block_size else 2) and len(called) == 2
+        launches = 1 + bool(geo.q_lora_rank)  # the prologue, and mla_q_rope_ where there is a q latent
+        assert len(warmed) == launches + bool(block_size) and len(called) == launches
         assert (set(called) <= set(warmed)) is covered, (called, warmed)
 
 

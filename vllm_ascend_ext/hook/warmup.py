@@ -142,8 +142,9 @@ def warm_up(device: torch.device, geometries, dtype: torch.dtype) -> dict[Attent
 class MLAWarmUp:
     """What the MLA warm-up compiles for one MLA geometry: the prologue (without a cache; and with
     vLLM's combined cache of ``block_size`` rows a block in the activation dtype, as the MLA step's
-    glue op writes it, when ``block_size`` is set) and ``mla_q_rope_``, with a ``cos_sin_cache`` of
-    ``cos_sin_dtype`` (the layers' rotary cache)."""
+    glue op writes it, when ``block_size`` is set) and ``mla_q_rope_`` (without a q latent, the
+    prologue rotating q instead), with a ``cos_sin_cache`` of ``cos_sin_dtype`` (the layers'
+    rotary cache)."""
 
     geometry: object  # vllm_ascend_ext.passes.mla_fusion.MLAGeometry
     cos_sin_dtype: torch.dtype
@@ -179,7 +180,9 @@ def mla_op_calls(case: MLAWarmUp, dtype: torch.dtype, device: torch.device, toke
     (zeros, ``tokens`` tokens): ``split_qkv_rmsnorm_rope_mla`` without a cache, the same with vLLM's
     combined cache ``[1, block_size, Lkv + R]`` (activation dtype, ``kv_cache_dtype="auto"``, an
     int64 slot mapping, as the glue op passes them) when ``case.block_size``, and ``mla_q_rope_``
-    on ``q [T, H, nope + R]`` (``q_b_proj``'s output viewed per head)."""
+    on ``q [T, H, nope + R]`` (``q_b_proj``'s output viewed per head); without a q latent the
+    prologue's calls take that ``q`` instead (the MLA step rotates it in the prologue's launch) and
+    there is no ``mla_q_rope_``."""
     from ..kernels import mla_ops
 
     geo = case.geometry
@@ -188,14 +191,16 @@ def mla_op_calls(case: MLAWarmUp, dtype: torch.dtype, device: torch.device, toke
             torch.ones(geo.q_lora_rank, dtype=dtype, device=device) if geo.q_lora_rank else None,
             torch.ones(geo.kv_lora_rank, dtype=dtype, device=device), zeros(1, geo.rope_dim, dtype=case.cos_sin_dtype),
             zeros(tokens, dtype=torch.int64), geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim, geo.eps)
-    calls = [(mla_ops.MLA_OP_NAME, args, {"is_neox": geo.is_neox})]
+    q = zeros(tokens, geo.num_heads, geo.nope_dim + geo.rope_dim, dtype=dtype)
+    in_prologue = {} if geo.q_lora_rank else {"q": q}
+    calls = [(mla_ops.MLA_OP_NAME, args, {"is_neox": geo.is_neox, **in_prologue})]
     if case.block_size:
         cache = zeros(1, case.block_size, geo.kv_lora_rank + geo.rope_dim, dtype=dtype)
         calls.append((mla_ops.MLA_OP_NAME, args, dict(is_neox=geo.is_neox, kv_cache=cache,
                                                    slot_mapping=zeros(tokens, dtype=torch.int64),
-                                                   kv_cache_dtype="auto", k_scale=None)))
-    q = zeros(tokens, geo.num_heads, geo.nope_dim + geo.rope_dim, dtype=dtype)
-    calls.append((mla_ops.Q_ROPE_OP_NAME, (q, args[3], args[4], geo.rope_dim), {"is_neox": geo.is_neox}))
+                                                   kv_cache_dtype="auto", k_scale=None, **in_prologue)))
+    if not in_prologue:
+        calls.append((mla_ops.Q_ROPE_OP_NAME, (q, args[3], args[4], geo.rope_dim), {"is_neox": geo.is_neox}))
     return calls
 
 

