@@ -14,7 +14,8 @@ needed and nothing of it is copied into this project.
 Per MLA layer of the benchmark and token count, timed as the benchmark times (``Timer``: one call
 a captured graph, and ``--calls`` calls in one graph, per call):
 
-* ``ours``: ``split_qkv_rmsnorm_rope_mla`` with the combined bf16 cache write, then ``mla_q_rope_``;
+* ``ours``: ``split_qkv_rmsnorm_rope_mla`` with the combined bf16 cache write, then ``mla_q_rope_``
+  (without a q latent, V2-Lite, one launch: the prologue rotates q; ``cases.mla_launches``);
 * ``vllm_cuda``: vLLM's Triton ``fused_q_kv_rmsnorm`` (as the benchmark's ``vllm`` provider
   launches it), then ``concat_and_cache_mla_rope_fused`` on ``q[..., nope:]``, ``k_pe`` (the
   projection's columns, rotated in place as vLLM does) and the normalised ``kv_c``: the path vLLM
@@ -248,7 +249,7 @@ def main() -> int:
     except ValueError as exc:
         print(f"bench_mla_cuda_peer: {exc}", file=sys.stderr)
         return 2
-    from vllm_ascend_ext.bench.cases import make_mla_case
+    from vllm_ascend_ext.bench.cases import make_mla_case, mla_launches
     from vllm_ascend_ext.bench.catalog import MLA_GEOMETRIES
     from vllm_ascend_ext import ops as ours_ops
     from vllm_ascend_ext.bench.timing import TIMINGS_PER_ROW, Timer
@@ -264,9 +265,9 @@ def main() -> int:
               f"store launches {floor['chain']:.2f} us", flush=True)
     with tempfile.TemporaryDirectory(prefix="vllm-mla-peer-") as folder:
         ext = build(cuda_file, Path(folder))
-        print(f"{torch.cuda.get_device_name()}; ours = prologue + q side (two launches); vllm_cuda = vLLM's Triton "
-              f"fused_q_kv_rmsnorm + vLLM's CUDA concat_and_cache_mla_rope_fused ({cuda_file}); us per call, "
-              f"the better of {TIMINGS_PER_ROW} interleaved timings"
+        print(f"{torch.cuda.get_device_name()}; ours = prologue + q side (two launches; V2-Lite one); vllm_cuda = "
+              f"vLLM's Triton fused_q_kv_rmsnorm + vLLM's CUDA concat_and_cache_mla_rope_fused ({cuda_file}); us per "
+              f"call, the better of {TIMINGS_PER_ROW} interleaved timings"
               + (f"; base = the ops of {args.baseline}" if base else ""))
         amortised = f"x{args.calls}"
         base_head = f" {'base':>8} {'base ' + amortised:>9} {'err base':>8}" if base else ""
@@ -275,7 +276,7 @@ def main() -> int:
         for (name, tp), tokens in itertools.product(MLA_GEOMETRIES, args.tokens):
             spec = mla_model(name)
             case = make_mla_case(spec, spec.heads_at(tp), tokens, device, seed=tokens)
-            a, cache, slots, q = case["args"], case["kv_cache"], case["slot_mapping"], case["q"]
+            a, cache, slots = case["args"], case["kv_cache"], case["slot_mapping"]
             lq, lkv, rope = a["q_lora_rank"], a["kv_lora_rank"], a["rope_dim"]
             cache0 = cache.clone()
             refs = reference(**a)
@@ -285,12 +286,6 @@ def main() -> int:
             cos_sin, positions = a["cos_sin_cache"].to(torch.bfloat16), a["positions"].long()
             slots64, one = slots.long(), torch.ones(1, dtype=torch.float32, device=device)
 
-            def both_launches(ops):
-                def run():
-                    ops.split_qkv_rmsnorm_rope_mla(**a, kv_cache=cache, slot_mapping=slots)
-                    ops.mla_q_rope_(q, a["cos_sin_cache"], a["positions"], rope, is_neox=a["is_neox"])
-                return run
-
             def vllm_cuda():
                 q_c = x_peer[:, :lq] if lq else None
                 _, kv_c = mla.vllm_q_kv_rmsnorm(kernel, q_c, x_peer[:, lq:lq + lkv], a["q_a_weight"],
@@ -299,8 +294,8 @@ def main() -> int:
                                                     x_peer[:, lq + lkv:].unsqueeze(1), kv_c, cos_sin,
                                                     a["is_neox"], slots64, cache, "auto", one)
 
-            providers = [(both_launches(ours_ops), None), (vllm_cuda, a["qkv_lora"])]
-            providers += [(both_launches(base), None)] if base else []
+            providers = [(mla_launches(ours_ops, case), None), (vllm_cuda, a["qkv_lora"])]
+            providers += [(mla_launches(base, case), None)] if base else []
             errors = []
             for fn, source in providers:
                 cache.copy_(cache0)

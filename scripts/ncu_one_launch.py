@@ -20,27 +20,27 @@ import sys
 
 import torch
 
-from vllm_ascend_ext.bench.cases import make_inputs, make_mla_case
+from vllm_ascend_ext.bench.cases import make_inputs, make_mla_case, mla_launches
 from vllm_ascend_ext.bench.catalog import MLA_GEOMETRIES
-from vllm_ascend_ext.ops import mla_q_rope_, split_qkv_rmsnorm_rope, split_qkv_rmsnorm_rope_mla
+from vllm_ascend_ext import ops
+from vllm_ascend_ext.ops import split_qkv_rmsnorm_rope
 from vllm_ascend_ext.ops.models import BENCH_GEOMETRIES, mla_model, model
 
 OPS = ("split_qkv_rmsnorm_rope", "split_qkv_rmsnorm_rope_mla")
 
 
 def launch_mla(tokens: int, device: torch.device) -> None:
-    """The MLA benchmark's rows: both launches, then the least-work kernel, twice each."""
+    """The MLA benchmark's rows: our launches (``cases.mla_launches``: V2-Lite's is one), then the
+    least-work kernel, twice each."""
     from bench_mla_cuda_peer import least_work_launch  # a sibling script: scripts/ is on the path
 
     least = least_work_launch(device)
     for name, tp in MLA_GEOMETRIES:
         spec = mla_model(name)
         case = make_mla_case(spec, spec.heads_at(tp), tokens, device)
-        args = case["args"]
+        ours = mla_launches(ops, case)
         for _ in range(2):
-            split_qkv_rmsnorm_rope_mla(**args, kv_cache=case["kv_cache"], slot_mapping=case["slot_mapping"])
-            mla_q_rope_(case["q"], args["cos_sin_cache"], args["positions"], args["rope_dim"],
-                        is_neox=args["is_neox"])
+            ours()
             least()
         torch.cuda.synchronize()
 

@@ -7,7 +7,9 @@ sweep (CUDA-graph replay, the benchmark's :class:`Timer`), each against a plain 
 bytes of that launch, and prints the current plan (``ops/tiling/cuda.py``'s
 ``mla_plan_for_tokens``: the small-batch plan at small token counts) beside the best. The numbers
 back the MLA constants of ``ops/tiling/cuda.py``; their outcome is one line in
-``docs/performance.md``. ``--json`` keeps every measurement.
+``docs/performance.md``. ``--json`` keeps every measurement. V2-Lite's rows time its prologue
+without ``q`` and the q side apart, the op's two-launch form; the MLA step runs it as one launch
+(the prologue given ``q``: ``cases.mla_launches``), which the benchmark times.
 
 ``--floor`` times, instead of the sweep, both launches' bytes as one copy (the benchmark's ``copy``
 column) and as two copies in one graph, one a launch (what two launches pay in ramps and tails

@@ -88,8 +88,36 @@ def test_check_fails_when_q_is_not_rotated(monkeypatch):
 
     monkeypatch.setattr(ops, "mla_q_rope_", lambda q, *args, **kwargs: q)
     result = mla.run_mla(torch.device("cpu"), tokens=(1,), providers=("ours",), reps=1, calls=1,
-                               geometries=(("DeepSeek-V2-Lite", 1),))
+                         geometries=ONE_LAYER)
+    assert [line.split(":")[0] for line in harness.check_rows(result["rows"])] == ["Kimi-K2 tp8 T=1 ours"]
+
+
+def test_v2_lite_is_one_launch_that_rotates_q(monkeypatch):
+    """Without a q latent ours is the prologue given q (as the MLA step calls it), no mla_q_rope_; a
+    prologue that leaves q alone fails the check. An ops/ without the q keyword (an A/B's baseline)
+    runs both launches."""
+    from vllm_ascend_ext import ops
+
+    prologue, calls = ops.split_qkv_rmsnorm_rope_mla, []
+
+    def q_left_alone(*args, q=None, **kwargs):
+        calls.append(q is not None)
+        return prologue(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "mla_q_rope_", lambda *args, **kwargs: pytest.fail("mla_q_rope_ was called"))
+    monkeypatch.setattr(ops, "split_qkv_rmsnorm_rope_mla", q_left_alone)
+    result = mla.run_mla(torch.device("cpu"), tokens=(1,), providers=("ours",), reps=1, calls=1,
+                         geometries=(("DeepSeek-V2-Lite", 1),))
     assert [line.split(":")[0] for line in harness.check_rows(result["rows"])] == ["DeepSeek-V2-Lite tp1 T=1 ours"]
+    assert calls and all(calls)
+    spec = mla_model("DeepSeek-V2-Lite")
+    case = cases.make_mla_case(spec, spec.heads_at(1), 1, torch.device("cpu"))
+    launched = []
+    baseline = type("Baseline", (), {
+        "split_qkv_rmsnorm_rope_mla": staticmethod(lambda *args, **kwargs: launched.append("prologue") or ()),
+        "mla_q_rope_": staticmethod(lambda *args, **kwargs: launched.append("q side"))})
+    cases.mla_launches(baseline, case)()
+    assert launched == ["prologue", "q side"]
 
 
 def test_bytes_of_both_launches():

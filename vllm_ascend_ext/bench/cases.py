@@ -11,12 +11,14 @@ report``'s, for the fused kernel).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .catalog import KV_BLOCK_SIZE, MAX_POSITION, MLA_BLOCK_SIZE
 
 __all__ = ["bytes_moved", "make_inputs", "make_kv_inputs", "make_mla_case", "make_tp_inputs", "mla_bytes_moved",
-           "tp_local_geometry"]
+           "mla_launches", "tp_local_geometry"]
 
 
 def make_inputs(geometry, tokens: int, device, dtype=torch.bfloat16, seed: int = 0) -> dict:
@@ -208,3 +210,31 @@ def make_mla_case(spec, heads: int, tokens: int, device, seed: int = 0) -> dict:
     q = torch.randn(tokens, heads, spec.q_head_dim, device=device, generator=device_generator).to(torch.bfloat16)
     return {"args": args, "kv_cache": cache["kv_cache"], "slot_mapping": cache["slot_mapping"], "q": q,
             "q_vllm": q.clone()}
+
+
+def mla_launches(ops, case: dict):
+    """A zero-argument callable running our MLA launches on ``case`` (:func:`make_mla_case`) as the
+    MLA step calls them, returning the prologue's outputs: the prologue with the cache write, then
+    ``mla_q_rope_`` on ``q``; without a q latent the prologue rotates ``q`` itself, one launch
+    (an ``ops`` whose prologue takes no ``q``, another checkout's for an A/B, runs both launches).
+
+    Parameters
+    ----------
+    ops : module
+        Where ``split_qkv_rmsnorm_rope_mla`` and ``mla_q_rope_`` are taken from (``vllm_ascend_ext.ops``).
+    case : dict
+        :func:`make_mla_case`'s.
+    """
+    import inspect
+
+    a, q = case["args"], case["q"]
+    prologue = functools.partial(ops.split_qkv_rmsnorm_rope_mla, **a, kv_cache=case["kv_cache"],
+                                 slot_mapping=case["slot_mapping"])
+    if not a["q_lora_rank"] and "q" in inspect.signature(ops.split_qkv_rmsnorm_rope_mla).parameters:
+        return functools.partial(prologue, q=q)
+
+    def both():
+        outputs = prologue()
+        ops.mla_q_rope_(q, a["cos_sin_cache"], a["positions"], a["rope_dim"], is_neox=a["is_neox"])
+        return outputs
+    return both

@@ -8,8 +8,9 @@ twice the tokens, one random distinct slot a token, no padding), an fp32 cos/sin
 ``MAX_POSITION`` rows and a given ``q`` ``[T, H, nope + rope]`` (what ``q_b_proj`` would produce;
 the GEMM itself is not timed), three providers:
 
-* ``ours``: both our launches, the prologue with the combined cache write
-  (``split_qkv_rmsnorm_rope_mla(..., kv_cache=, slot_mapping=)``), then ``mla_q_rope_(q, ...)``;
+* ``ours``: our launches as the MLA step calls them (``cases.mla_launches``): the prologue with the
+  combined cache write (``split_qkv_rmsnorm_rope_mla(..., kv_cache=, slot_mapping=)``), then
+  ``mla_q_rope_(q, ...)``; without a q latent (V2-Lite) one launch, the prologue rotating ``q``;
 * ``vllm``: :func:`unfused_mla`, vLLM's own Triton kernel ``fused_q_kv_rmsnorm`` (both latent
   norms in one launch; vLLM 0.32 ``vllm/models/common/ops/fused_qk_rmsnorm.py``, launched as its
   ``__call__`` does, :func:`vllm_q_kv_rmsnorm`) followed by :func:`vllm_rope_and_cache`, the RoPE
@@ -43,7 +44,7 @@ from typing import Callable
 import torch
 
 from . import catalog
-from .cases import make_mla_case, mla_bytes_moved
+from .cases import make_mla_case, mla_bytes_moved, mla_launches
 from .catalog import AMORTISED_CALLS, BAR_LARGE_TOKENS, BAR_SMALL_TOKENS
 from .harness import (Case, KVRow, Timed, checked_calls, checked_providers, checked_tokens, max_rel_err, measure,
                       run_meta)
@@ -307,7 +308,7 @@ def run_mla(device: torch.device, tokens=None, providers=None, geometries=None,
     ValueError
         Naming ``tokens``, ``providers``, ``calls`` or ``vllm_source``.
     """
-    from ..ops import mla_q_rope_, split_qkv_rmsnorm_rope_mla
+    from .. import ops
     from ..ops.models import mla_model
     from ..ops.reference import mla_cache_write, mla_q_rope
     from ..ops.reference import split_qkv_rmsnorm_rope_mla as reference
@@ -334,10 +335,10 @@ def run_mla(device: torch.device, tokens=None, providers=None, geometries=None,
                                                is_neox=spec.is_neox),)
         expected = mla_cache_write(cache0.cpu(), refs[1].cpu(), refs[2].cpu(), slots.cpu())
 
+        launches = mla_launches(ops, case)
+
         def ours():
-            out = split_qkv_rmsnorm_rope_mla(**args, kv_cache=kv_cache, slot_mapping=slots)
-            mla_q_rope_(q, args["cos_sin_cache"], args["positions"], args["rope_dim"], is_neox=args["is_neox"])
-            return out + (q,)
+            return launches() + (q,)
 
         def vllm():
             return unfused_mla(kernel, args, q_vllm, kv_cache, slots)
@@ -390,7 +391,8 @@ def format_mla_table(result: dict) -> str:
     lines = [f"device {meta['device']}: empty-kernel replay {meta['launch_floor_us']:.2f} us; {meta['cache_dtype']} "
              f"combined MLA cache, block {meta['block_size']}, one random slot a token; {meta['cos_sin_dtype']} "
              f"cos/sin; q [T, H, nope+rope] given (q_b_proj not timed); layer Lq/Lkv/R H (q heads on the rank)",
-             "ours: split_qkv_rmsnorm_rope_mla (with the cache write) + mla_q_rope_, two launches"]
+             "ours: split_qkv_rmsnorm_rope_mla (with the cache write) + mla_q_rope_, two launches (V2-Lite, no q "
+             "latent: one, the prologue rotating q)"]
     if meta.get("peer"):
         lines.append(f"vllm: {meta['peer']}")
     if "copy" in providers:
