@@ -268,19 +268,27 @@ def test_cuda_direct_launch_and_no_host_sync(op_name, device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_mla_direct_launch_and_no_host_sync(device):
-    """The MLA prologue (with its cache write) and its q side: direct launches after the first,
-    the same results, no host sync."""
+    """The MLA prologue (with its cache write) and its q side, and the prologue without a q latent
+    given q (one launch): direct launches after the first, the same results, no host sync."""
     if device.type != "cuda":
         pytest.skip("the kernels run through the interpreter here")
     prologue, q_rope = _op("split_qkv_rmsnorm_rope_mla"), _op("mla_q_rope_")
     args = reference.make_mla_inputs(64, 32, 16, 37, device="cuda", out_of_range=False)
     args.update(reference.make_mla_cache(args))
+    lite = reference.make_mla_inputs(0, 32, 16, 37, device="cuda", out_of_range=False)
+    lite.update(reference.make_mla_cache(lite))
     q = torch.randn(37, 4, 48, device="cuda", dtype=torch.bfloat16)
-    first = [t.clone() for t in prologue(**args)] + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+
+    def calls() -> list:
+        q_side, q_lite = q.clone(), q.clone()
+        outputs = [*prologue(**args), q_rope(q_side, args["cos_sin_cache"], args["positions"], 16)]
+        return [t.clone() for t in (*outputs, *prologue(**lite, q=q_lite), q_lite)]
+
+    first = calls()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        again = list(prologue(**args)) + [q_rope(q.clone(), args["cos_sin_cache"], args["positions"], 16)]
+        again = calls()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(first, again):
