@@ -134,9 +134,7 @@ def run_and_check(args: dict, plan: str | None = None, cache: dict | None = None
     expected = reference.split_qkv_rmsnorm_rope_mla(**args)
     if q_heads:
         want_q = reference.mla_q_rope(q_before, args["cos_sin_cache"], args["positions"], r, is_neox=args["is_neox"])
-        torch.testing.assert_close(q[..., 24:].double().cpu(), want_q[..., 24:].cpu(), **TOLERANCES[qkv.dtype])
-        q_mask[..., 24:] = True  # the only elements the call may write
-        assert torch.equal(bits(backing[~mask]), bits(backing_before[~mask])), "wrote outside q's rotary lanes"
+        check_rotated(q, want_q, 24, backing, backing_before, mask, q_mask)
     tokens = qkv.shape[0]
     assert q_c.shape == (tokens, args["q_lora_rank"]) and kv_c.shape == (tokens, args["kv_lora_rank"])
     assert k_pe.shape == (tokens, args["rope_dim"])
@@ -336,6 +334,15 @@ def q_view(tokens: int, heads: int, head_dim: int, spelling: str, dtype, device,
     return view(backing), backing, mask, view(mask)
 
 
+def check_rotated(q, want, nope: int, backing, backing_before, mask, q_mask) -> None:
+    """q's rotary lanes (from lane ``nope``) against the reference's ``want``, and every other
+    element of :func:`q_view`'s backing tensor (q_nope, the lanes around q) bit for bit as
+    ``backing_before``."""
+    torch.testing.assert_close(q[..., nope:].double().cpu(), want[..., nope:].cpu(), **TOLERANCES[q.dtype])
+    q_mask[..., nope:] = True  # the only elements the call may write
+    assert torch.equal(bits(backing[~mask]), bits(backing_before[~mask])), "wrote outside q's rotary lanes"
+
+
 def run_q_and_check(device, tokens: int, heads: int, head_dim: int, rope_dim: int, *, plan: str | None,
                     spelling: str, dtype=BF16, is_neox=False, cos_dtype=FP32, generator=None):
     """Rotate a view of q in place (under ``plan``) and check: the rotary lanes against the
@@ -352,10 +359,7 @@ def run_q_and_check(device, tokens: int, heads: int, head_dim: int, rope_dim: in
     with forced:
         out = mla_q_rope_(q, cos, positions, rope_dim, is_neox=is_neox)
     assert out is q
-    nope = head_dim - rope_dim
-    torch.testing.assert_close(q[..., nope:].double().cpu(), want[..., nope:].cpu(), **TOLERANCES[dtype])
-    q_mask[..., nope:] = True  # the only elements the call may write
-    assert torch.equal(bits(backing[~mask]), bits(backing_before[~mask])), "wrote outside q's rotary lanes"
+    check_rotated(q, want, head_dim - rope_dim, backing, backing_before, mask, q_mask)
 
 
 @pytest.mark.parametrize("plan", Q_PLANS)
