@@ -208,11 +208,16 @@ def _round_fp8_e4m3(y):
     and ``2**-9`` below the smallest normal ``2**-6``). Triton's interpreter does not round its
     fp8 casts this way, and the CUDA cast (``cvt.rn.satfinite``) then agrees bit for bit. Scaled by
     the step's exact inverse (``2**(3 - e)``), not divided by the step: Triton's fp32 division on
-    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (docs/performance.md, v9)."""
-    binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+    CUDA is ``div.full.f32``, within 2 ulp, which moved exact ties off the tie (docs/performance.md, v9).
+    A negative ``y`` that rounds to zero keeps its sign (-0, as the cast of ``y`` itself and vLLM's
+    ``cvt`` store it): the rounding's ``+ 1.5 * 2**23`` would give +0, so ``y``'s sign bit is put
+    back (a no-op on every nonzero result, which has ``y``'s sign already)."""
+    bits = y.to(tl.int32, bitcast=True)
+    binade = tl.maximum((bits >> 23) & 0xFF, 127 - 6)
     step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
     inv_step = ((257 - binade) << 23).to(tl.float32, bitcast=True)
-    return ((y * inv_step + 12582912.0) - 12582912.0) * step
+    rounded = ((y * inv_step + 12582912.0) - 12582912.0) * step
+    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

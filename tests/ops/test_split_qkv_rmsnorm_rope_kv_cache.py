@@ -547,8 +547,8 @@ def _int8_table() -> list[tuple[float, int]]:
 def _fp8_table() -> list[tuple[float, float]]:
     """(y / scale, the e4m3 value it must store), from the grid itself: every finite value, every
     midpoint of two neighbours (to the one with an even code: subnormals included), and
-    values past 448 (saturated); both signs. Compared as values: the kernel stores a negative
-    value that rounds to zero as +0 (torch's cast gives -0)."""
+    values past 448 (saturated); both signs (a negative value that rounds to zero stores -0,
+    as torch's cast and vLLM's do)."""
     grid = torch.arange(127, dtype=torch.uint8).view(FP8).double().tolist()  # codes 0..126: 0 to 448
     table = [(x, x) for x in grid]
     table += [((grid[c] + grid[c + 1]) / 2, grid[c if c % 2 == 0 else c + 1]) for c in range(126)]
@@ -595,6 +595,8 @@ def test_quantised_ties_and_saturation(device, poisoned, quant):
     stored = scatter(caches, torch.zeros_like(want_v), want_v)[1]
     got_v = kw["value_cache"][masks[1]]
     assert torch.equal(got_v.double() if cache_dtype == INT8 else got_v.float().double(), stored[masks[1]])
+    if cache_dtype == FP8:  # -0 where the grid says -0 (equal as values to +0)
+        assert torch.equal(got_v.float().signbit(), stored[masks[1]].signbit())
     k_ratio = reference.split_qkv_rmsnorm_rope(**args)[1] / kw["k_scale"].double()
     saturated = torch.where(k_ratio.abs() >= QMAX[cache_dtype] + 1, k_ratio.sign(), torch.zeros_like(k_ratio))
     sign = scatter(caches, saturated, torch.zeros_like(saturated))[0][masks[0]]
